@@ -1,0 +1,126 @@
+"""The DFlash training attention mask (spec 2.5) as flex ``mask_mod`` functions.
+
+Layout of one training forward: queries are ``num_blocks * block_size`` block
+positions; keys are ``[context 0..s-1 ; all blocks]``. Block ``j`` (anchor ``a_j``):
+
+* context key ``k < s`` is visible iff ``k < a_j`` -- strictly: at inference the
+  anchor token's own target hidden state does not exist yet;
+* block keys are visible iff they belong to block ``j`` (bidirectional);
+* invalid (padding) blocks see nothing; their rows output zeros.
+* sliding layers additionally need ``k >= pos(q) - (W - 1)`` for context keys and
+  are causal inside the block.
+
+The same ``mask_mod`` feeds both backends: evaluated on broadcast index tensors it
+gives the dense bool mask of the CPU/SDPA path; given to ``create_block_mask`` it
+gives the block-sparse flex ``BlockMask`` (``H=None``: the mask is head-independent,
+and a per-head mask would multiply its memory by the head count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dflash_train.models.config import FULL_ATTENTION, SLIDING_ATTENTION
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def full_block_mask_mod(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int) -> MaskMod:
+    """mask_mod for full-attention layers. ``anchors``/``keep``: [b, num_blocks]."""
+
+    def dflash_full(b, h, q_idx, kv_idx):
+        block = q_idx // block_size
+        anchor = anchors[b, block]
+        sees_context = kv_idx < anchor  # implies kv_idx < context_len, since anchor < context_len
+        own_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
+        return keep[b, block] & (sees_context | own_block)
+
+    return dflash_full
+
+
+def sliding_block_mask_mod(
+    anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, window: int
+) -> MaskMod:
+    """mask_mod for sliding-window layers: context within ``window`` of the query's
+    real position, causal inside the block (how serving engines run such layers)."""
+
+    def dflash_sliding(b, h, q_idx, kv_idx):
+        block = q_idx // block_size
+        offset = q_idx % block_size
+        anchor = anchors[b, block]
+        position = anchor + offset
+        sees_context = (kv_idx < anchor) & (kv_idx > position - window)
+        in_block = kv_idx - context_len
+        own_block = (kv_idx >= context_len) & (in_block // block_size == block) & (in_block % block_size <= offset)
+        return keep[b, block] & (sees_context | own_block)
+
+    return dflash_sliding
+
+
+def mask_mods(
+    layer_types: list[str], anchors, keep, context_len: int, block_size: int, sliding_window: int | None
+) -> dict[str, MaskMod]:
+    """One mask_mod per layer type present in the drafter."""
+    mods: dict[str, MaskMod] = {}
+    if FULL_ATTENTION in layer_types:
+        mods[FULL_ATTENTION] = full_block_mask_mod(anchors, keep, context_len, block_size)
+    if SLIDING_ATTENTION in layer_types:
+        assert sliding_window is not None
+        mods[SLIDING_ATTENTION] = sliding_block_mask_mod(anchors, keep, context_len, block_size, sliding_window)
+    return mods
+
+
+def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
+    """Evaluate a mask_mod on every (b, q, kv): a [b, 1, q, kv] bool tensor for SDPA."""
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    q = torch.arange(q_len, device=device).view(1, 1, q_len, 1)
+    kv = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
+    return mask_mod(b, h, q, kv)
+
+
+_BLOCK_MASK_BUILDER = None
+
+
+def _block_mask_builder():
+    """``create_block_mask`` compiled once: uncompiled, it materializes dense masks."""
+    global _BLOCK_MASK_BUILDER
+    if _BLOCK_MASK_BUILDER is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        _BLOCK_MASK_BUILDER = torch.compile(create_block_mask, dynamic=False)
+    return _BLOCK_MASK_BUILDER
+
+
+def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device, compiled: bool = True):
+    """A block-sparse flex BlockMask with ``H=None`` (shared by all heads)."""
+    if compiled:
+        return _block_mask_builder()(mask_mod, batch, None, q_len, kv_len, device=device)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+
+
+def build_masks(
+    backend: str,
+    layer_types: list[str],
+    anchors: torch.Tensor,
+    keep: torch.Tensor,
+    context_len: int,
+    block_size: int,
+    sliding_window: int | None = None,
+) -> dict[str, object]:
+    """Build each layer type's mask once per batch, outside the layers.
+
+    ``backend`` is ``"sdpa"`` (dense bool masks) or ``"flex"`` (compiled BlockMask).
+    """
+    batch, num_blocks = anchors.shape
+    q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
+    mods = mask_mods(layer_types, anchors, keep, context_len, block_size, sliding_window)
+    if backend == "sdpa":
+        return {name: dense_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
+    if backend == "flex":
+        return {name: flex_block_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
+    raise ValueError(f"unknown attention backend {backend!r}; use 'sdpa' or 'flex'")

@@ -1,0 +1,196 @@
+"""The drafter's architecture as a validated dataclass.
+
+A drafter is described by the same fields the DFlash serving format stores in
+``config.json`` (spec section 4), so export is a plain field copy. Fields the user
+leaves as ``None`` are filled from the target (:func:`resolve_drafter_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """Spec 1: one feature -> the middle layer; else layer 1 .. L-3, evenly spaced.
+
+    ``round`` is Python's (banker's) rounding, as in the reference formula; for the
+    documented example L=36, n=5 it gives [1, 9, 17, 25, 33].
+    """
+    if num_features < 1:
+        raise ValueError(f"num_features must be >= 1, got {num_features}")
+    if num_features == 1:
+        return [num_target_layers // 2]
+    if num_target_layers < 4:
+        raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_features} features")
+    step = (num_target_layers - 4) / (num_features - 1)
+    return [int(round(1 + i * step)) for i in range(num_features)]
+
+
+def decay_gamma(block_size: int) -> float:
+    """Loss decay constant per block size (spec 2.7): 7 for B=16, 5 for B=10, 4 for B=8."""
+    table = {16: 7.0, 10: 5.0, 8: 4.0}
+    if block_size in table:
+        return table[block_size]
+    # Interpolate the paper's choices linearly for other block sizes.
+    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
+
+
+@dataclass
+class DrafterConfig:
+    """Shape of a DFlash drafter. ``None`` means "take it from the target"."""
+
+    num_hidden_layers: int = 5
+    block_size: int = 16
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    rms_norm_eps: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int | None = None
+    vocab_size: int | None = None
+    num_target_layers: int | None = None
+    target_layer_ids: list[int] | None = None
+    num_target_features: int | None = None
+    mask_token_id: int | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field for any impossible combination."""
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"drafter.num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"drafter.block_size must be >= 2, got {self.block_size}")
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"drafter.{name} must be positive, got {value}")
+        heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
+        if heads is not None and kv_heads is not None and heads % kv_heads:
+            raise ValueError(
+                f"drafter.num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+            )
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(
+                    f"drafter.layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers"
+                )
+            bad = sorted(set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION})
+            if bad:
+                raise ValueError(f"drafter.layer_types: unknown type(s) {bad}; use {FULL_ATTENTION!r}/{SLIDING_ATTENTION!r}")
+            if SLIDING_ATTENTION in self.layer_types and not self.sliding_window:
+                raise ValueError("drafter.layer_types has sliding_attention layers but drafter.sliding_window is not set")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"drafter.sliding_window must be >= 1, got {self.sliding_window}")
+        if self.target_layer_ids is not None:
+            if not self.target_layer_ids:
+                raise ValueError("drafter.target_layer_ids must not be empty")
+            if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+                raise ValueError(f"drafter.target_layer_ids has duplicates: {self.target_layer_ids}")
+            if self.num_target_layers is not None:
+                out = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+                if out:
+                    raise ValueError(
+                        f"drafter.target_layer_ids {out} out of range for a target with "
+                        f"{self.num_target_layers} layers (valid: 0..{self.num_target_layers - 1})"
+                    )
+        if self.mask_token_id is not None and self.vocab_size is not None:
+            if not 0 <= self.mask_token_id < self.vocab_size:
+                raise ValueError(
+                    f"drafter.mask_token_id {self.mask_token_id} has no row in the target's embedding "
+                    f"table of {self.vocab_size} rows"
+                )
+
+    @property
+    def is_resolved(self) -> bool:
+        needed = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                  "rms_norm_eps", "rope_theta", "vocab_size", "num_target_layers", "target_layer_ids",
+                  "mask_token_id", "layer_types")
+        return all(getattr(self, n) is not None for n in needed)
+
+    @property
+    def layer_ids(self) -> list[int]:
+        assert self.target_layer_ids is not None
+        return list(self.target_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown drafter config key(s) {unknown}; known keys: {sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class TargetFacts:
+    """What the drafter needs to know about its target (read from the HF config)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_drafter_config(cfg: DrafterConfig, target: TargetFacts, mask_token_id: int | None) -> DrafterConfig:
+    """Fill every ``None`` field from the target and validate the pairing."""
+    out = dataclasses.replace(cfg)
+    copy = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+            "rope_theta", "max_position_embeddings")
+    for name in copy:
+        if getattr(out, name) is None:
+            setattr(out, name, getattr(target, name))
+    if out.rope_scaling is None:
+        out.rope_scaling = target.rope_scaling
+    if out.hidden_size is None:
+        out.hidden_size = target.hidden_size
+    elif out.hidden_size != target.hidden_size:
+        raise ValueError(
+            f"drafter.hidden_size {out.hidden_size} must equal the target's hidden size {target.hidden_size}"
+        )
+    if out.vocab_size is None:
+        out.vocab_size = target.vocab_size
+    elif out.vocab_size != target.vocab_size:
+        raise ValueError(f"drafter.vocab_size {out.vocab_size} differs from the target's {target.vocab_size}")
+    if out.num_target_layers is None:
+        out.num_target_layers = target.num_hidden_layers
+    elif out.num_target_layers != target.num_hidden_layers:
+        raise ValueError(
+            f"drafter.num_target_layers {out.num_target_layers} differs from the target's "
+            f"{target.num_hidden_layers} layers"
+        )
+    if out.target_layer_ids is None:
+        n = out.num_target_features or out.num_hidden_layers
+        out.target_layer_ids = default_target_layer_ids(target.num_hidden_layers, n)
+    out.num_target_features = len(out.target_layer_ids)
+    if out.layer_types is None:
+        out.layer_types = [FULL_ATTENTION] * out.num_hidden_layers
+    if out.mask_token_id is None:
+        out.mask_token_id = mask_token_id
+    if out.mask_token_id is None:
+        raise ValueError("could not choose a mask token automatically; set drafter.mask_token_id")
+    out.tie_word_embeddings = target.tie_word_embeddings
+    out.validate()
+    return out

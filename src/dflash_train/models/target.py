@@ -1,0 +1,169 @@
+"""The frozen target model: context features, embedding and lm_head handles.
+
+Any ``AutoModelForCausalLM`` works (a local folder, or a GGUF file through
+transformers' ``gguf_file``). Context features are captured with forward hooks on
+the decoder layers (the raw output of layer ``i`` == HF ``hidden_states[i + 1]``),
+and for training the layer list is cut after the deepest needed layer, so the
+target never runs layers whose output nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dflash_train.models.config import TargetFacts
+
+
+def _decoder_layers(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding the decoder layer list, and the attribute name."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    for name in ("layers", "h", "blocks"):
+        if isinstance(getattr(base, name, None), nn.ModuleList):
+            return base, name
+    raise ValueError(f"cannot find the decoder layer list of {type(model).__name__}")
+
+
+def target_facts(hf_config) -> TargetFacts:
+    """Read the drafter-relevant numbers from a HF config (text part for multimodal ones)."""
+    cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    heads = cfg.num_attention_heads
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0)
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    if scaling.get("rope_type", "default") == "default":
+        scaling = getattr(cfg, "rope_scaling", None) or None
+    return TargetFacts(
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        intermediate_size=cfg.intermediate_size,
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", 32768),
+        vocab_size=cfg.vocab_size,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+def choose_mask_token_id(tokenizer, vocab_size: int) -> tuple[int, str]:
+    """Pick a token id whose embedding row exists but that real text never uses.
+
+    Preference: an unused padded row past the tokenizer (Qwen3: 151669); else a
+    reserved/unused special token; else a special token that the chat template,
+    bos/eos/pad/unk never use. Returns (id, reason).
+    """
+    if tokenizer is None:
+        return vocab_size - 1, "no tokenizer: the last embedding row"
+    n_tokens = len(tokenizer)
+    if vocab_size > n_tokens:
+        return n_tokens, f"the first unused padded embedding row ({n_tokens} of {vocab_size})"
+    vocab = tokenizer.get_vocab()
+    for token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        if "reserved" in token.lower() and idx < vocab_size:
+            return idx, f"reserved special token {token!r}"
+    template = str(getattr(tokenizer, "chat_template", "") or "")
+    busy = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    for idx in sorted(set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))):
+        token = tokenizer.convert_ids_to_tokens(idx)
+        if idx not in busy and token not in template and idx < vocab_size:
+            return idx, f"special token {token!r} unused by the chat template"
+    raise ValueError("could not choose a mask token automatically; set drafter.mask_token_id")
+
+
+class Target(nn.Module):
+    """A frozen HF causal LM seen through the three things a drafter needs."""
+
+    def __init__(self, model: nn.Module, tokenizer=None):
+        super().__init__()
+        model.eval().requires_grad_(False)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.facts = target_facts(model.config)
+        self._layer_owner, self._layer_attr = _decoder_layers(model)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None) -> Target:
+        """Load a target from a local folder or ``folder/file.gguf`` (frozen, eval mode)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        if path.suffix == ".gguf" and gguf_file is None:
+            path, gguf_file = path.parent, path.name
+        if not path.exists():
+            raise FileNotFoundError(f"target not found: {path}")
+        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+        return cls(model, tokenizer)
+
+    # -- handles ---------------------------------------------------------------------------
+    @property
+    def layers(self) -> nn.ModuleList:
+        return getattr(self._layer_owner, self._layer_attr)
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head_weight.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+    # -- features --------------------------------------------------------------------------
+    def validate_layer_ids(self, layer_ids: list[int]) -> None:
+        n = len(self.layers)
+        bad = [i for i in layer_ids if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} out of range: the target has {n} layers (0..{n - 1})")
+
+    @contextlib.contextmanager
+    def _capture(self, layer_ids: list[int], truncate: bool):
+        """Hook the wanted layers; optionally cut the layer list after the deepest one."""
+        captured: dict[int, torch.Tensor] = {}
+        handles = []
+        for i in layer_ids:
+            def hook(_module, _args, output, i=i):
+                captured[i] = output[0] if isinstance(output, tuple) else output
+            handles.append(self.layers[i].register_forward_hook(hook))
+        full = self.layers
+        if truncate:
+            setattr(self._layer_owner, self._layer_attr, nn.ModuleList(list(full)[: max(layer_ids) + 1]))
+        try:
+            yield captured
+        finally:
+            setattr(self._layer_owner, self._layer_attr, full)
+            for handle in handles:
+                handle.remove()
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: list[int]) -> torch.Tensor:
+        """[b, s, n*h]: the raw outputs of ``layer_ids`` concatenated on the last axis.
+
+        Runs only up to the deepest needed layer (the final norm then sees a
+        mid-network state, but nobody reads it).
+        """
+        with self._capture(layer_ids, truncate=True) as captured:
+            self._layer_owner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return torch.cat([captured[i] for i in layer_ids], dim=-1)
+
+    @torch.no_grad()
+    def forward_with_features(self, layer_ids: list[int], **kwargs):
+        """A full causal-LM forward (logits, cache) that also returns the features."""
+        with self._capture(layer_ids, truncate=False) as captured:
+            out = self.model(**kwargs)
+        return out, torch.cat([captured[i] for i in layer_ids], dim=-1)
