@@ -1,0 +1,81 @@
+"""Data layer: read chat data, tokenize with exact assistant loss masks, cache, and batch.
+
+The trainer needs only ``DataConfig``, ``load_tokenized`` and the batching classes::
+
+    ds, report = load_tokenized(DataConfig(paths=["train.jsonl"]), tokenizer, block_size=16)
+    plan = BatchPlan(ds["length"], token_budget=8192, seed=0)
+    it = BatchIterator(ds, plan, pad_id=tokenizer.pad_token_id, rank=r, world_size=w)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import datasets
+
+from .batching import BatchIterator, BatchPlan, MicroBatch
+from .cache import cache_key, cached_build, default_cache_dir
+from .errors import DataError, SkipReport
+from .readers import read_records, resolve_files
+from .tokenize import TokenizeOptions, check_chat_template, tokenize_records
+
+__all__ = ["BatchIterator", "BatchPlan", "DataConfig", "DataError", "MicroBatch", "SkipReport",
+           "load_tokenized", "tokenize_options"]
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)
+    max_length: int = 2048
+    supervise: str = "all"  # or "last"
+    keep_reasoning: bool = True
+    min_supervised_tokens: int | None = None  # None -> 2 * block_size
+    strict: bool = False
+    cache_dir: str | None = None
+    token_budget: int = 8192
+    pad_to_multiple: int = 64
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        if isinstance(self.paths, str) or not self.paths or not all(isinstance(p, str) for p in self.paths):
+            raise ValueError("data.paths: expected a non-empty list of file or folder paths")
+        for name in ("max_length", "token_budget", "pad_to_multiple"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"data.{name}: expected a positive integer, got {value!r}")
+        if self.supervise not in ("all", "last"):
+            raise ValueError(f"data.supervise: expected 'all' or 'last', got {self.supervise!r}")
+        mst = self.min_supervised_tokens
+        if mst is not None and (not isinstance(mst, int) or isinstance(mst, bool) or mst < 0):
+            raise ValueError(f"data.min_supervised_tokens: expected a non-negative integer or null, got {mst!r}")
+        if self.token_budget < self.max_length:
+            raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length "
+                             f"({self.max_length}) so the longest example fits one micro-batch")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def tokenize_options(cfg: DataConfig, block_size: int) -> TokenizeOptions:
+    mst = 2 * block_size if cfg.min_supervised_tokens is None else cfg.min_supervised_tokens
+    return TokenizeOptions(cfg.max_length, cfg.supervise, cfg.keep_reasoning, mst)
+
+
+def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[datasets.Dataset, SkipReport]:
+    """Tokenized dataset (cached on disk) and the report of what was read, kept and skipped."""
+    cfg.validate()
+    check_chat_template(tokenizer)
+    opts = tokenize_options(cfg, block_size)
+    files = resolve_files(cfg.paths)
+    key = cache_key(files, tokenizer, {**opts.key(), "strict": cfg.strict})
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
+
+    def build(report: SkipReport):
+        records = read_records([str(f) for f in files], report, cfg.strict)
+        return tokenize_records(records, tokenizer, opts, report, cfg.strict)
+
+    ds, report = cached_build(cache_dir, key, build)
+    if len(ds) == 0:
+        raise ValueError(f"no usable training examples in {cfg.paths}\n{report.format()}")
+    return ds, report

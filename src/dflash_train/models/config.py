@@ -28,16 +28,13 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
     if num_target_layers < 4:
         raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_features} features")
     step = (num_target_layers - 4) / (num_features - 1)
-    return [int(round(1 + i * step)) for i in range(num_features)]
-
-
-def decay_gamma(block_size: int) -> float:
-    """Loss decay constant per block size (spec 2.7): 7 for B=16, 5 for B=10, 4 for B=8."""
-    table = {16: 7.0, 10: 5.0, 8: 4.0}
-    if block_size in table:
-        return table[block_size]
-    # Interpolate the paper's choices linearly for other block sizes.
-    return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
+    ids = [int(round(1 + i * step)) for i in range(num_features)]
+    if len(set(ids)) != len(ids):
+        raise ValueError(
+            f"the default rule gives repeated target layers {ids} for {num_features} features of a "
+            f"{num_target_layers}-layer target; set drafter.target_layer_ids or a smaller num_target_features"
+        )
+    return ids
 
 
 @dataclass

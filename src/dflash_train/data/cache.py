@@ -1,0 +1,106 @@
+"""On-disk cache of tokenized datasets, keyed by everything that changes the output.
+
+The key hashes the data files' bytes, the tokenizer (its serialized vocab/merges and
+special tokens), the chat template and the tokenization options, so a second run with
+the same inputs memory-maps the Arrow file at once and any change re-tokenizes. Entries
+are written to a temporary folder and renamed into place, so an interrupted run never
+leaves a half-written cache that later runs would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import datasets
+
+from .errors import SkipReport
+
+FORMAT_VERSION = 1
+DATA_FILE = "data.arrow"
+REPORT_FILE = "report.json"
+_List = getattr(datasets, "List", datasets.Sequence)
+FEATURES = datasets.Features({
+    "input_ids": _List(datasets.Value("int32")),
+    "loss_mask": _List(datasets.Value("int8")),
+    "length": datasets.Value("int32"),
+    "num_supervised": datasets.Value("int32"),
+})
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("DFLASH_DATA_CACHE", "~/.cache/dflash_train/data")).expanduser()
+
+
+def _hash_path(h, path: Path) -> None:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(chunk)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Vocab, merges, normalizer and special tokens (via tokenizer.json) plus the chat template."""
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    h.update(backend.to_str().encode() if backend is not None else json.dumps(
+        sorted(tokenizer.get_vocab().items())).encode())
+    h.update(json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=str).encode())
+    h.update(str(tokenizer.chat_template).encode())
+    return h.hexdigest()
+
+
+def cache_key(files: Iterable[Path], tokenizer, options: dict) -> str:
+    h = hashlib.sha256(f"dflash-data-v{FORMAT_VERSION}".encode())
+    for f in files:
+        _hash_path(h, Path(f))
+    h.update(tokenizer_fingerprint(tokenizer).encode())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    return h.hexdigest()[:32]
+
+
+def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
+    if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
+        return None
+    report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_text()))
+    return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
+
+
+def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: int = 1000) -> None:
+    """Stream rows into an Arrow file (never all in memory), then publish atomically."""
+    from datasets.arrow_writer import ArrowWriter
+
+    tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with ArrowWriter(features=FEATURES, path=str(tmp / DATA_FILE)) as writer:
+        buf: list[dict] = []
+        for row in rows:
+            buf.append(row)
+            if len(buf) >= batch:
+                writer.write_batch({k: [r[k] for r in buf] for k in FEATURES})
+                buf = []
+        if buf:
+            writer.write_batch({k: [r[k] for r in buf] for k in FEATURES})
+        writer.finalize()
+    (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+    shutil.rmtree(entry, ignore_errors=True)
+    os.replace(tmp, entry)
+
+
+def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterable[dict]]
+                 ) -> tuple[datasets.Dataset, SkipReport]:
+    """Load entry ``key`` or create it from ``build(report)``'s rows."""
+    entry = Path(cache_dir) / key
+    hit = load_cached(entry)
+    if hit is not None:
+        return hit
+    report = SkipReport()
+    write_entry(entry, build(report), report)
+    return load_cached(entry)

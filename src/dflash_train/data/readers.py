@@ -1,0 +1,230 @@
+"""Read chat data from JSONL / JSON / Parquet files, folders of them, or ``save_to_disk`` folders.
+
+Every format is normalised to ``Record(id, location, messages)`` where ``messages`` is a
+list of ``{"role", "content"}`` dicts (assistant messages may carry ``reasoning_content``).
+JSONL is read line by line in binary so that malformed JSON and non-UTF-8 bytes are
+reported with ``file:line``; JSON arrays, Parquet rows and Arrow rows are reported as
+``file:N`` with N the 1-based record number.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import DataError, SkipReport, handle
+
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+    "model": "assistant", "bing": "assistant", "function_call": "assistant", "system": "system",
+    "tool": "tool", "function": "tool", "function_response": "tool", "observation": "tool",
+}
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+@dataclass
+class Record:
+    id: str
+    location: str
+    messages: list[dict]
+
+
+def resolve_files(paths: list[str]) -> list[Path]:
+    """Expand files and folders into a sorted, de-duplicated list of data files / Arrow folders."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(f"data path not found: {raw}")
+        if p.is_dir() and _is_saved_dataset(p):
+            out.append(p)
+        elif p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in DATA_SUFFIXES)
+            found += sorted(d for d in p.rglob("*") if d.is_dir() and _is_saved_dataset(d))
+            if not found:
+                raise FileNotFoundError(f"no .jsonl/.json/.parquet files or datasets in folder {raw}")
+            out.extend(found)
+        elif p.suffix in DATA_SUFFIXES:
+            out.append(p)
+        else:
+            raise ValueError(f"unsupported data file {raw}: expected .jsonl, .json, .parquet or a folder")
+    return list(dict.fromkeys(out))
+
+
+def _is_saved_dataset(d: Path) -> bool:
+    return (d / "dataset_info.json").exists() or (d / "dataset_dict.json").exists()
+
+
+def read_records(paths: list[str], report: SkipReport, strict: bool = False) -> Iterator[Record]:
+    """Yield normalised records; every bad record is counted in ``report`` (or raises if strict)."""
+    for path in resolve_files(paths):
+        for location, raw in _raw_rows(path, report, strict):
+            report.read += 1
+            try:
+                messages = normalize(raw, location)
+            except DataError as err:
+                handle(err, report, strict)
+                continue
+            yield Record(_record_id(raw, path, location), location, messages)
+
+
+def _record_id(raw: dict, path: Path, location: str) -> str:
+    rid = raw.get("id")
+    if isinstance(rid, (str, int)) and not isinstance(rid, bool):
+        return str(rid)
+    return f"{path.name}:{location.rsplit(':', 1)[-1]}"
+
+
+def _raw_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:
+    if path.is_dir():
+        yield from _arrow_rows(path)
+    elif path.suffix == ".jsonl":
+        yield from _jsonl_rows(path, report, strict)
+    elif path.suffix == ".json":
+        yield from _json_rows(path, report, strict)
+    else:
+        yield from _parquet_rows(path)
+
+
+def _jsonl_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:
+    """Line-by-line so each bad line is reported; undecodable lines are counted as read and skipped."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            location = f"{path}:{lineno}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                report.read += 1
+                handle(DataError(location, "<line>", "bad_encoding", str(err)), report, strict)
+                continue
+            try:
+                yield location, json.loads(text)
+            except json.JSONDecodeError as err:
+                report.read += 1
+                handle(DataError(location, "<line>", "malformed_json", err.msg), report, strict)
+
+
+def _json_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:
+    location = f"{path}:1"
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        report.read += 1
+        reason = "bad_encoding" if isinstance(err, UnicodeDecodeError) else "malformed_json"
+        handle(DataError(location, "<file>", reason, str(err)), report, strict)
+        return
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        data = [data]
+    for i, row in enumerate(data, 1):
+        yield f"{path}:{i}", row
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, object]]:
+    import pyarrow.parquet as pq
+
+    n = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            n += 1
+            yield f"{path}:{n}", row
+
+
+def _arrow_rows(path: Path) -> Iterator[tuple[str, object]]:
+    """A ``save_to_disk`` folder: memory-mapped, read in batches (DatasetDict: every split)."""
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    splits = loaded.items() if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, ds in splits:
+        prefix = f"{path}/{split}" if split else str(path)
+        for start in range(0, len(ds), 1024):
+            batch = ds[start:start + 1024]
+            keys = list(batch)
+            for j in range(len(batch[keys[0]]) if keys else 0):
+                yield f"{prefix}:{start + j + 1}", {k: batch[k][j] for k in keys}
+
+
+def normalize(raw: object, location: str) -> list[dict]:
+    """Turn one raw record into checked ``{"role", "content"}`` messages or raise ``DataError``."""
+    if not isinstance(raw, dict):
+        raise DataError(location, "<record>", "not_an_object", f"got {type(raw).__name__}")
+    if raw.get("messages") is not None:
+        messages = _openai(raw["messages"], location)
+    elif raw.get("conversations") is not None:
+        messages = _sharegpt(raw["conversations"], location)
+    elif "prompt" in raw or "response" in raw:
+        messages = _prompt_response(raw, location)
+    else:
+        raise DataError(location, "messages", "missing_field", "need messages, conversations or prompt/response")
+    if not messages:
+        raise DataError(location, "messages", "empty_conversation")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(location, "messages", "no_assistant_turn")
+    return messages
+
+
+def _openai(items: object, location: str) -> list[dict]:
+    if not isinstance(items, list):
+        raise DataError(location, "messages", "wrong_type", f"expected a list, got {type(items).__name__}")
+    out = []
+    for i, item in enumerate(items):
+        name = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise DataError(location, name, "wrong_type", "expected an object")
+        role = _text(item.get("role"), location, f"{name}.role")
+        if role not in ROLES:
+            raise DataError(location, f"{name}.role", "unknown_role", repr(role))
+        msg = {"role": role, "content": _content(item.get("content"), location, f"{name}.content", role)}
+        reasoning = item.get("reasoning_content")
+        if role == "assistant" and reasoning is not None:
+            msg["reasoning_content"] = _text(reasoning, location, f"{name}.reasoning_content")
+        out.append(msg)
+    return out
+
+
+def _sharegpt(items: object, location: str) -> list[dict]:
+    if not isinstance(items, list):
+        raise DataError(location, "conversations", "wrong_type", f"expected a list, got {type(items).__name__}")
+    out = []
+    for i, item in enumerate(items):
+        name = f"conversations[{i}]"
+        if not isinstance(item, dict):
+            raise DataError(location, name, "wrong_type", "expected an object")
+        who = _text(item.get("from"), location, f"{name}.from")
+        if who not in SHAREGPT_ROLES:
+            raise DataError(location, f"{name}.from", "unknown_role", repr(who))
+        out.append({"role": SHAREGPT_ROLES[who], "content": _text(item.get("value"), location, f"{name}.value")})
+    return out
+
+
+def _prompt_response(raw: dict, location: str) -> list[dict]:
+    prompt = _text(raw.get("prompt"), location, "prompt")
+    response = _text(raw.get("response"), location, "response")
+    messages = []
+    if raw.get("system") is not None:
+        messages.append({"role": "system", "content": _text(raw["system"], location, "system")})
+    return messages + [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+def _text(value: object, location: str, name: str) -> str:
+    if value is None:
+        raise DataError(location, name, "missing_field")
+    if not isinstance(value, str):
+        raise DataError(location, name, "wrong_type", f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _content(value: object, location: str, name: str, role: str) -> str:
+    """OpenAI content: a string, a list of ``{"type": "text", "text"}`` parts, or null for tool calls."""
+    if value is None and role == "assistant":
+        return ""
+    if isinstance(value, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)
+    return _text(value, location, name)

@@ -1,0 +1,184 @@
+"""Chat-template tokenization with an exact assistant ``loss_mask``.
+
+Most chat templates have no ``{% generation %}`` markers, so the assistant spans are
+derived: the conversation is rendered once with the tokenizer's own template, and each
+assistant turn is located after the rendering of the conversation up to that turn with
+the generation prompt (falling back to an ordered search when a template renders earlier
+turns differently). The span is the assistant content (plus a kept think block) and the
+special end-of-turn token that closes it; template scaffolding such as
+``<|im_start|>assistant\\n`` or an empty ``<think>\\n\\n</think>`` the template inserts is
+never supervised. Each span is decoded back and compared with the message text; a
+mismatch is a counted skip, never a silently wrong mask.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from .errors import DataError, SkipReport, handle
+from .readers import Record
+
+THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+
+@dataclass
+class TokenizeOptions:
+    max_length: int = 2048
+    supervise: str = "all"  # or "last"
+    keep_reasoning: bool = True
+    min_supervised_tokens: int = 32
+
+    def key(self) -> dict:
+        return {"max_length": self.max_length, "supervise": self.supervise,
+                "keep_reasoning": self.keep_reasoning, "min_supervised_tokens": self.min_supervised_tokens}
+
+
+def check_chat_template(tokenizer) -> None:
+    """A tokenizer without a chat template cannot define turns: always a clear error."""
+    if not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ValueError(f"tokenizer {name!r} has no chat template; set tokenizer.chat_template "
+                         "or use a chat/instruct model's tokenizer")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("a fast tokenizer (tokenizer.json) is needed for character offsets")
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False, **kwargs) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def prepare_messages(messages: list[dict], keep_reasoning: bool, template: str) -> list[dict]:
+    """Apply the reasoning option: drop think content, or hand it to templates that render it."""
+    supports_reasoning = "reasoning_content" in template
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m["role"] == "assistant":
+            if not keep_reasoning:
+                m.pop("reasoning_content", None)
+                m["content"] = THINK_RE.sub("", m["content"])
+            elif supports_reasoning and "reasoning_content" not in m and "</think>" in m["content"]:
+                head, _, tail = m["content"].partition("</think>")
+                m["reasoning_content"] = head.split("<think>")[-1].strip("\n")
+                m["content"] = tail.lstrip("\n")
+        out.append(m)
+    return out
+
+
+def special_ids(tokenizer) -> set[int]:
+    ids = set(tokenizer.all_special_ids)
+    ids.update(i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special)
+    return ids
+
+
+@dataclass
+class Span:
+    message: int
+    start: int  # character offsets in the rendered text
+    end: int
+    reasoning: bool
+
+
+def assistant_spans(tokenizer, messages: list[dict], text: str, supervise: str, location: str) -> list[Span]:
+    """Character spans of the supervised assistant content, in order."""
+    targets = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m["content"].strip()]
+    if supervise == "last":
+        targets = targets[-1:]
+    spans, cursor = [], 0
+    for i in targets:
+        start = _turn_start(tokenizer, messages, i, text, cursor)
+        content = messages[i]["content"].strip()
+        cstart = text.find(content, start)
+        if cstart < 0:
+            raise DataError(location, f"messages[{i}].content", "template_mismatch",
+                            "assistant content not found in the rendered chat template")
+        sup_start, has_reasoning = cstart, False
+        reasoning = (messages[i].get("reasoning_content") or "").strip()
+        rpos = text.rfind(reasoning, start, cstart) if reasoning else -1
+        if rpos >= 0:
+            opener = text.rfind("<think>", start, rpos)
+            sup_start, has_reasoning = (opener if opener >= 0 else rpos), True
+        spans.append(Span(i, sup_start, cstart + len(content), has_reasoning))
+        cursor = cstart + len(content)
+    return spans
+
+
+def _turn_start(tokenizer, messages: list[dict], i: int, text: str, cursor: int) -> int:
+    """Where turn ``i``'s generated text begins: right after the rendered prompt when it is a prefix."""
+    if i == 0:
+        return cursor
+    try:
+        prefix = render(tokenizer, messages[:i], add_generation_prompt=True)
+    except Exception:  # some templates reject partial conversations; fall back to the ordered search
+        return cursor
+    return max(len(prefix), cursor) if text.startswith(prefix) else cursor
+
+
+def tokenize_messages(tokenizer, messages: list[dict], opts: TokenizeOptions, location: str,
+                      specials: set[int] | None = None) -> tuple[list[int], list[int]]:
+    """Return ``(input_ids, loss_mask)`` of one conversation, or raise ``DataError``."""
+    messages = prepare_messages(messages, opts.keep_reasoning, tokenizer.chat_template)
+    text = render(tokenizer, messages)
+    spans = assistant_spans(tokenizer, messages, text, opts.supervise, location)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    specials = special_ids(tokenizer) if specials is None else specials
+    mask = [0] * len(ids)
+    for span in spans:
+        picked = _mark_span(ids, offsets, span, specials, tokenizer, mask)
+        _verify(tokenizer, [ids[t] for t in picked], messages[span.message], span, specials, location)
+    ids, mask = ids[: opts.max_length], mask[: opts.max_length]
+    n = sum(mask)
+    if n < opts.min_supervised_tokens:
+        raise DataError(location, "messages", "too_few_supervised",
+                        f"{n} supervised tokens < min_supervised_tokens={opts.min_supervised_tokens}")
+    return ids, mask
+
+
+def _mark_span(ids, offsets, span: Span, specials: set[int], tokenizer, mask: list[int]) -> list[int]:
+    """Set mask on tokens overlapping the span, then on the end-of-turn special token after it."""
+    picked = [t for t, (s, e) in enumerate(offsets) if e > s and s < span.end and e > span.start]
+    if not picked:
+        return picked
+    tail, t = [], picked[-1] + 1
+    while t < len(ids) and ids[t] not in specials and not tokenizer.decode([ids[t]]).strip():
+        tail.append(t)  # whitespace the template kept between content and end-of-turn
+        t += 1
+    if t < len(ids) and ids[t] in specials:
+        picked += tail + [t]
+    for t in picked:
+        mask[t] = 1
+    return picked
+
+
+def _verify(tokenizer, span_ids: list[int], message: dict, span: Span, specials, location: str) -> None:
+    """Decode the supervised tokens and compare with the assistant text the user supplied."""
+    if span_ids and span_ids[-1] in specials:
+        span_ids = span_ids[:-1]
+    decoded = tokenizer.decode(span_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False).strip()
+    content = message["content"].strip()
+    if span.reasoning:
+        ok = decoded.endswith(content) and message.get("reasoning_content", "").strip() in decoded
+    else:
+        ok = decoded == content
+    if not ok:
+        raise DataError(location, f"messages[{span.message}].content", "template_mismatch",
+                        f"supervised tokens decode to {decoded[:60]!r}, expected {content[:60]!r}")
+
+
+def tokenize_records(records: Iterable[Record], tokenizer, opts: TokenizeOptions, report: SkipReport,
+                     strict: bool = False) -> Iterator[dict]:
+    """Yield dataset rows; records that fail are counted in ``report`` (or raise if strict)."""
+    check_chat_template(tokenizer)
+    specials = special_ids(tokenizer)
+    for rec in records:
+        try:
+            ids, mask = tokenize_messages(tokenizer, rec.messages, opts, rec.location, specials)
+        except DataError as err:
+            handle(err, report, strict)
+            continue
+        report.kept += 1
+        yield {"input_ids": ids, "loss_mask": mask, "length": len(ids), "num_supervised": sum(mask)}

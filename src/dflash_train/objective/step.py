@@ -1,0 +1,56 @@
+"""One DFlash forward: target features -> blocks -> drafter -> chunked loss.
+
+This is the objective of spec section 2 put together; the trainer, the benchmark
+and the distributed drafter ranks all call it. Model files stay free of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_train.models.attention import build_masks
+from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.objective.blocks import Blocks, build_blocks
+from dflash_train.objective.loss import LossOutput, dflash_loss
+
+
+@dataclass
+class ObjectiveOptions:
+    block_size: int
+    mask_token_id: int
+    gamma: float
+    attention: str = "sdpa"  # "sdpa" (dense mask) or "flex" (block-sparse, GPU)
+    loss_chunk_size: int = 4096
+    loss_checkpoint: bool = True
+
+
+def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions) -> Blocks:
+    return build_blocks(input_ids, loss_mask, anchors, keep, opts.block_size, opts.mask_token_id, opts.gamma)
+
+
+def drafter_loss(
+    drafter: DFlashDrafter,
+    embed: torch.nn.Module,
+    lm_head: torch.Tensor,
+    features: torch.Tensor,
+    blocks: Blocks,
+    opts: ObjectiveOptions,
+) -> LossOutput:
+    """Drafter forward over all blocks of a micro-batch and its loss pieces.
+
+    ``features`` [rows, s, n*h] are the target's context features (no grad). The
+    masks are built here, once per micro-batch, and shared by all layers.
+    """
+    rows, seq = features.shape[:2]
+    masks = build_masks(
+        opts.attention, drafter.layer_types, blocks.anchors, blocks.keep, seq, opts.block_size, drafter.sliding_window
+    )
+    with torch.no_grad():
+        block_embeds = embed(blocks.tokens)
+    context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
+    hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
+    return dflash_loss(
+        hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, opts.loss_checkpoint
+    )
