@@ -64,6 +64,6 @@ def test_mask_token_choice(smollm2_path):
     tok = AutoTokenizer.from_pretrained(smollm2_path)
     idx, reason = choose_mask_token_id(tok, 49152)
     assert idx not in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id)
-    assert tok.convert_ids_to_tokens(idx) not in tok.chat_template and idx in tok.all_special_ids
+    assert tok.convert_ids_to_tokens(idx) not in tok.chat_template and idx in tok.added_tokens_decoder
     # a padded embedding table (Qwen3 style) -> the first unused row
     assert choose_mask_token_id(tok, 49160)[0] == 49152

@@ -65,15 +65,15 @@ def choose_mask_token_id(tokenizer, vocab_size: int) -> tuple[int, str]:
     n_tokens = len(tokenizer)
     if vocab_size > n_tokens:
         return n_tokens, f"the first unused padded embedding row ({n_tokens} of {vocab_size})"
-    vocab = tokenizer.get_vocab()
-    for token, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
-        if "reserved" in token.lower() and idx < vocab_size:
+    special = sorted(set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {})))
+    special = [(idx, tokenizer.convert_ids_to_tokens(idx)) for idx in special if idx < vocab_size]
+    for idx, token in special:
+        if "reserved" in token.lower():
             return idx, f"reserved special token {token!r}"
     template = str(getattr(tokenizer, "chat_template", "") or "")
     busy = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
-    for idx in sorted(set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))):
-        token = tokenizer.convert_ids_to_tokens(idx)
-        if idx not in busy and token not in template and idx < vocab_size:
+    for idx, token in special:
+        if idx not in busy and token not in template:
             return idx, f"special token {token!r} unused by the chat template"
     raise ValueError("could not choose a mask token automatically; set drafter.mask_token_id")
 
