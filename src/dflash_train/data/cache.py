@@ -74,11 +74,22 @@ def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
 
 def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: int = 1000) -> None:
     """Stream rows into an Arrow file (never all in memory), then publish atomically."""
-    from datasets.arrow_writer import ArrowWriter
-
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        _write_arrow(tmp, rows, batch)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+    shutil.rmtree(entry, ignore_errors=True)
+    os.replace(tmp, entry)
+
+
+def _write_arrow(tmp: Path, rows: Iterable[dict], batch: int) -> None:
+    from datasets.arrow_writer import ArrowWriter
+
     with ArrowWriter(features=FEATURES, path=str(tmp / DATA_FILE)) as writer:
         buf: list[dict] = []
         for row in rows:
@@ -89,9 +100,6 @@ def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: in
         if buf:
             writer.write_batch({k: [r[k] for r in buf] for k in FEATURES})
         writer.finalize()
-    (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
-    shutil.rmtree(entry, ignore_errors=True)
-    os.replace(tmp, entry)
 
 
 def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterable[dict]]
