@@ -42,8 +42,7 @@ def resolve_files(paths: list[str]) -> list[Path]:
         if p.is_dir() and _is_saved_dataset(p):
             out.append(p)
         elif p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in DATA_SUFFIXES)
-            found += sorted(d for d in p.rglob("*") if d.is_dir() and _is_saved_dataset(d))
+            found = _walk(p)
             if not found:
                 raise FileNotFoundError(f"no .jsonl/.json/.parquet files or datasets in folder {raw}")
             out.extend(found)
@@ -52,6 +51,17 @@ def resolve_files(paths: list[str]) -> list[Path]:
         else:
             raise ValueError(f"unsupported data file {raw}: expected .jsonl, .json, .parquet or a folder")
     return list(dict.fromkeys(out))
+
+
+def _walk(folder: Path) -> list[Path]:
+    """Data files and saved datasets under ``folder``, not descending into saved datasets' internals."""
+    found: list[Path] = []
+    for child in sorted(folder.iterdir()):
+        if child.is_dir():
+            found.extend([child] if _is_saved_dataset(child) else _walk(child))
+        elif child.suffix in DATA_SUFFIXES:
+            found.append(child)
+    return found
 
 
 def _is_saved_dataset(d: Path) -> bool:

@@ -1,0 +1,81 @@
+"""load_tokenized: cached on disk, reused on a second run, rebuilt when any key changes."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import write_jsonl
+
+import dflash_train.data as data
+from dflash_train.data import DataConfig, load_tokenized
+
+ROWS = [{"messages": [{"role": "user", "content": f"Question {i}?"},
+                      {"role": "assistant", "content": f"Answer number {i} is here, in words."}]}
+        for i in range(5)] + ["{broken", {"messages": [{"role": "user", "content": "only user"}]}]
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    calls = []
+    real = data.tokenize_records
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data, "tokenize_records", counting)
+    return calls
+
+
+def cfg(tmp_path, **kw):
+    kw = {"min_supervised_tokens": 2, "max_length": 256, "token_budget": 512, **kw}
+    return DataConfig(paths=[str(tmp_path / "d.jsonl")], cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_load_report_and_columns(tmp_path, chatml_tok, counter):
+    write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ds, report = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    assert len(ds) == 5 and report.read == 7 and report.kept == 5
+    assert report.read == report.kept + report.total_skipped
+    assert report.skipped == {"malformed_json": 1, "no_assistant_turn": 1}
+    row = ds[0]
+    assert row["length"] == len(row["input_ids"]) == len(row["loss_mask"])
+    assert row["num_supervised"] == sum(row["loss_mask"]) > 0
+
+
+def test_cache_reused_and_invalidated(tmp_path, chatml_tok, llama3_tok, counter):
+    write_jsonl(tmp_path / "d.jsonl", ROWS)
+    first, _ = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    second, report = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    assert len(counter) == 1 and second["input_ids"] == first["input_ids"] and report.kept == 5
+    load_tokenized(cfg(tmp_path, supervise="last"), chatml_tok, block_size=4)  # option
+    assert len(counter) == 2
+    load_tokenized(cfg(tmp_path, min_supervised_tokens=None), chatml_tok, block_size=5)  # 10
+    assert len(counter) == 3
+    load_tokenized(cfg(tmp_path), llama3_tok, block_size=4)  # tokenizer + template
+    assert len(counter) == 4
+    tok = chatml_tok.__class__.from_pretrained(chatml_tok.name_or_path)
+    tok.chat_template = chatml_tok.chat_template.replace("helpful AI", "kind AI")  # template only
+    load_tokenized(cfg(tmp_path), tok, block_size=4)
+    assert len(counter) == 5
+    write_jsonl(tmp_path / "d.jsonl", ROWS[:4])  # data content
+    ds, _ = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    assert len(counter) == 6 and len(ds) == 4
+    load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    assert len(counter) == 6
+
+
+def test_strict_and_config_errors(tmp_path, chatml_tok):
+    write_jsonl(tmp_path / "d.jsonl", ROWS)
+    with pytest.raises(data.DataError, match="d.jsonl:6"):
+        load_tokenized(cfg(tmp_path, strict=True), chatml_tok, block_size=4)
+    assert not list((tmp_path / "cache").glob("*.tmp-*"))  # no half-written entry left behind
+    with pytest.raises(ValueError, match="data.supervise"):
+        load_tokenized(cfg(tmp_path, supervise="first"), chatml_tok, block_size=4)
+    with pytest.raises(ValueError, match="data.paths"):
+        DataConfig(paths="x.jsonl").validate()
+    with pytest.raises(ValueError, match="no usable"):
+        load_tokenized(cfg(tmp_path, min_supervised_tokens=10_000), chatml_tok, block_size=4)
+    tok = chatml_tok.__class__.from_pretrained(chatml_tok.name_or_path)
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        load_tokenized(cfg(tmp_path), tok, block_size=4)
