@@ -1,0 +1,216 @@
+"""``dflash-train export RUN_OR_CHECKPOINT OUT``: write the spec-4 serving folder.
+
+Training artifacts this command reads
+-------------------------------------
+
+A *checkpoint folder* holds (names are fixed)::
+
+    CKPT/drafter_config.json   DrafterConfig.to_dict() of the resolved config (JSON object,
+                               no other keys)
+    CKPT/drafter.safetensors   DFlashDrafter.state_dict() (the trainable drafter only:
+                               layers.*, norm, fc, hidden_norm; no embedding/lm_head).
+                               A "module." / "_orig_mod." prefix (DDP, torch.compile) is
+                               stripped; any dtype (cast on export).
+    CKPT/COMPLETE              empty marker, written LAST once everything else is on disk
+    CKPT/target.json           optional: {"path": "<target folder or .gguf>"}; used for the
+                               tokenizer and for checking the pairing
+
+A *run folder* holds checkpoints as ``RUN/checkpoints/step-<N>/`` (N an integer, any
+zero padding) plus optionally ``RUN/latest`` (a symlink to, or a text file naming, a
+checkpoint folder) and ``RUN/target.json``. Export picks the complete checkpoint
+(``COMPLETE`` present) with the highest N; checkpoints without ``COMPLETE`` are
+ignored. When ``RUN/checkpoints`` has none, ``RUN/latest`` is followed if it points at
+a complete checkpoint. A folder that is neither is refused with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import warnings
+from pathlib import Path
+
+import torch
+
+from dflash_train.models.config import DrafterConfig
+
+CONFIG_NAME = "drafter_config.json"
+WEIGHTS_NAME = "drafter.safetensors"
+COMPLETE_NAME = "COMPLETE"
+TARGET_NAME = "target.json"
+LATEST_NAME = "latest"
+_STEP = re.compile(r"^step-(\d+)$")
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _is_checkpoint(folder: Path) -> bool:
+    return (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file()
+
+
+def _complete(folder: Path) -> bool:
+    return _is_checkpoint(folder) and (folder / COMPLETE_NAME).is_file()
+
+
+def _latest_pointer(run: Path) -> Path | None:
+    """``RUN/latest`` as a folder: a symlink to it, or a text file naming it (absolute or relative)."""
+    pointer = run / LATEST_NAME
+    if pointer.is_dir():
+        return pointer.resolve()
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if name:
+            candidates = (
+                [Path(name)] if Path(name).is_absolute() else [run / name, run / "checkpoints" / name]
+            )
+            for candidate in candidates:
+                if candidate.is_dir():
+                    return candidate
+    return None
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path`` denotes (itself, or a run's newest complete one)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found")
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a folder: expected a run folder or a checkpoint folder")
+    if _is_checkpoint(path):
+        if not (path / COMPLETE_NAME).is_file():
+            warnings.warn(
+                f"checkpoint {path} has no {COMPLETE_NAME} marker; it may be partially written", stacklevel=2
+            )
+        return path
+    steps = []
+    incomplete = []
+    ckpt_dir = path / "checkpoints"
+    if ckpt_dir.is_dir():
+        for child in ckpt_dir.iterdir():
+            match = _STEP.match(child.name)
+            if match and child.is_dir():
+                (steps if _complete(child) else incomplete).append((int(match.group(1)), child))
+    if steps:
+        return max(steps)[1]
+    latest = _latest_pointer(path)
+    if latest is not None and _complete(latest):
+        return latest
+    detail = (
+        (
+            f"; {len(incomplete)} checkpoint(s) under {ckpt_dir} lack {COMPLETE_NAME} or "
+            f"{CONFIG_NAME}/{WEIGHTS_NAME}"
+        )
+        if incomplete
+        else ""
+    )
+    raise ValueError(
+        f"{path} is neither a checkpoint folder ({CONFIG_NAME} + {WEIGHTS_NAME}) nor a run folder with a "
+        f"complete checkpoint under checkpoints/step-*/ (marked by {COMPLETE_NAME}){detail}"
+    )
+
+
+def _target_path(ckpt: Path, run: Path | None) -> str | None:
+    from dflash_train.export.serving import _read_json
+
+    for folder in (ckpt, run):
+        if folder is not None and (folder / TARGET_NAME).is_file():
+            value = _read_json(folder / TARGET_NAME).get("path")
+            if value:
+                return str(value)
+    return None
+
+
+def read_training_artifact(path: str | Path) -> tuple[DrafterConfig, dict[str, torch.Tensor], str | None]:
+    """``(DrafterConfig, drafter state_dict, target path or None)`` from a run or checkpoint folder."""
+    from dflash_train.export.serving import _read_json, read_safetensors
+
+    path = Path(path).expanduser()
+    ckpt = find_checkpoint(path)
+    raw = _read_json(ckpt / CONFIG_NAME)
+    try:
+        cfg = DrafterConfig.from_dict(raw)
+        cfg.validate()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{ckpt / CONFIG_NAME}: {err}") from None
+    state = read_safetensors(ckpt / WEIGHTS_NAME)
+    for prefix in _PREFIXES:
+        if state and all(k.startswith(prefix) for k in state):
+            state = {k[len(prefix) :]: v for k, v in state.items()}
+    run = path if ckpt != path else None
+    return cfg, state, _target_path(ckpt, run)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from dflash_train.export.serving import build_drafter, check_against_target, export_drafter
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
+        raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
+    ckpt = find_checkpoint(args.run_or_checkpoint)
+    cfg, state, target_path = read_training_artifact(args.run_or_checkpoint)
+    target_path = args.target or target_path
+    tokenizer = None
+    if target_path is not None:
+        from transformers import AutoConfig
+
+        target_dir = Path(target_path)
+        gguf = {}
+        if target_dir.suffix == ".gguf":
+            target_dir, gguf = target_dir.parent, {"gguf_file": target_dir.name}
+        cfg = check_against_target(cfg, AutoConfig.from_pretrained(target_dir, **gguf), "the checkpoint")
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(target_dir, **gguf)
+    elif args.tokenizer:
+        print("dflash-train export: no target known (no target.json, no --target): tokenizer not copied")
+    drafter = build_drafter(cfg, state, str(ckpt / WEIGHTS_NAME))
+    dtype = _DTYPES[args.dtype] if args.dtype else next(iter(state.values())).dtype
+    written = export_drafter(drafter, cfg, out, tokenizer=tokenizer, force=args.force, dtype=dtype)
+    summary = {
+        "checkpoint": str(ckpt),
+        "block_size": cfg.block_size,
+        "layers": cfg.num_hidden_layers,
+        "target_layer_ids": cfg.target_layer_ids,
+        "mask_token_id": cfg.mask_token_id,
+        "dtype": str(dtype).removeprefix("torch."),
+        "tokenizer": tokenizer is not None,
+    }
+    print(f"dflash-train export: wrote {written} {json.dumps(summary)}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a trained drafter as a DFlash serving folder (vLLM / SGLang / transformers)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "run_or_checkpoint",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run folder (newest complete checkpoint is used) or a checkpoint folder",
+    )
+    p.add_argument("out", metavar="OUT", help="output folder (must not exist or be empty, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--tokenizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="copy the target's tokenizer files into OUT (default: yes, when the target is known)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target model folder (overrides target.json); checks the pairing, gives the tokenizer",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(_DTYPES),
+        default=None,
+        help="dtype of the exported weights (default: as stored in the checkpoint)",
+    )
+    p.set_defaults(func=run_export)

@@ -1,0 +1,514 @@
+"""Export and import of the DFlash serving folder (spec section 4).
+
+An exported folder holds:
+
+- ``config.json``: a Qwen3 config (``model_type: qwen3``) with
+  ``architectures: ["DFlashDraftModel"]``, ``auto_map.AutoModel`` pointing at the
+  shipped modeling file, the drafter's shape, ``layer_types``/``sliding_window``,
+  ``block_size``, ``num_target_layers`` and
+  ``dflash_config: {mask_token_id, target_layer_ids}``.
+- ``model.safetensors``: exactly the tensors :func:`serving_tensor_names` lists (the
+  drafter layers, ``norm``, ``fc``, ``hidden_norm``); never the target's embedding or
+  lm_head, never rotary buffers.
+- ``modeling_dflash.py``: ``dflash_train/models/drafter.py`` copied verbatim plus a small
+  ``PreTrainedModel`` wrapper (``modeling_wrapper.py.txt``), so
+  ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` builds the same network.
+- optionally the target's tokenizer files, and a short ``README.md``.
+
+:func:`load_drafter_folder` reads such a folder back (ours, or a published one with the
+same layout, e.g. the authors' ``z-lab/Qwen3-8B-DFlash-b16``) strictly: every expected
+tensor with its exact shape, nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts
+from dflash_train.models.drafter import DFlashDrafter
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+MODELING_FILE = "modeling_dflash.py"
+ARCHITECTURE = "DFlashDraftModel"
+AUTO_MAP = {"AutoModel": f"{Path(MODELING_FILE).stem}.{ARCHITECTURE}"}
+DEFAULT_MAX_POSITIONS = 32768  # same fallback as drafter.rope_inv_freq
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_MAX_LISTED = 12  # names listed per category in an error message
+
+
+# -- tensor names ----------------------------------------------------------------------------
+
+
+def serving_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """The spec-4 tensor names and shapes for ``cfg``, derived from the config alone.
+
+    Deliberately independent of ``DFlashDrafter.state_dict()`` so tests can prove that
+    export neither drops nor renames a tensor.
+    """
+    missing = [
+        n
+        for n in (
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "target_layer_ids",
+        )
+        if getattr(cfg, n) is None
+    ]
+    if missing:
+        raise ValueError(
+            f"drafter config is not resolved: {missing} unset (resolve it against the target first)"
+        )
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q_out, kv_out = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    inter, n = cfg.intermediate_size, len(cfg.target_layer_ids)
+    names: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        names[p + "self_attn.q_proj.weight"] = (q_out, h)
+        names[p + "self_attn.k_proj.weight"] = (kv_out, h)
+        names[p + "self_attn.v_proj.weight"] = (kv_out, h)
+        names[p + "self_attn.o_proj.weight"] = (h, q_out)
+        if cfg.attention_bias:
+            names[p + "self_attn.q_proj.bias"] = (q_out,)
+            names[p + "self_attn.k_proj.bias"] = (kv_out,)
+            names[p + "self_attn.v_proj.bias"] = (kv_out,)
+            names[p + "self_attn.o_proj.bias"] = (h,)
+        names[p + "self_attn.q_norm.weight"] = (hd,)
+        names[p + "self_attn.k_norm.weight"] = (hd,)
+        names[p + "mlp.gate_proj.weight"] = (inter, h)
+        names[p + "mlp.up_proj.weight"] = (inter, h)
+        names[p + "mlp.down_proj.weight"] = (h, inter)
+        names[p + "input_layernorm.weight"] = (h,)
+        names[p + "post_attention_layernorm.weight"] = (h,)
+    names["norm.weight"] = (h,)
+    names["fc.weight"] = (h, n * h)
+    names["hidden_norm.weight"] = (h,)
+    return names
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f", ... ({len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
+
+
+def check_tensors(tensors: Mapping[str, Any], cfg: DrafterConfig, source: str) -> None:
+    """Raise ``ValueError`` listing missing, unexpected and wrongly shaped tensors."""
+    expected = serving_tensor_names(cfg)
+    missing = [k for k in expected if k not in tensors]
+    unexpected = sorted(k for k in tensors if k not in expected)
+    wrong = [
+        f"{k} {tuple(tensors[k].shape)} (expected {expected[k]})"
+        for k in expected
+        if k in tensors and tuple(tensors[k].shape) != expected[k]
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"wrong shapes: {_listing(wrong)}")
+    if problems:
+        raise ValueError(
+            f"{source} does not match the DFlash serving layout for this config: " + "; ".join(problems)
+        )
+
+
+# -- config.json ---------------------------------------------------------------------------
+
+
+def _rope_fields(cfg: DrafterConfig) -> dict[str, Any]:
+    theta = float(cfg.rope_theta if cfg.rope_theta is not None else 10000.0)
+    scaling = dict(cfg.rope_scaling or {})
+    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    scaling.pop("rope_theta", None)
+    fields: dict[str, Any] = {
+        "rope_theta": theta,
+        "rope_parameters": {"rope_type": rope_type, "rope_theta": theta, **scaling},
+    }
+    if rope_type != "default":
+        fields["rope_scaling"] = {"rope_type": rope_type, **scaling}
+    return fields
+
+
+def serving_config(
+    cfg: DrafterConfig, dtype: torch.dtype = torch.float32, extra_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``config.json`` dict of spec 4 for a resolved drafter config."""
+    if not cfg.is_resolved:
+        unset = [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is None]
+        raise ValueError(f"drafter config is not resolved against a target (unset: {unset}); cannot export")
+    cfg.validate()
+    layer_types = list(cfg.layer_types)
+    sliding = SLIDING_ATTENTION in layer_types
+    dtype_name = _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    config: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "qwen3",
+        "auto_map": dict(AUTO_MAP),
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        **_rope_fields(cfg),
+        "max_position_embeddings": cfg.max_position_embeddings or DEFAULT_MAX_POSITIONS,
+        "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+        "attention_bias": bool(cfg.attention_bias),
+        "attention_dropout": 0.0,
+        "layer_types": layer_types,
+        "sliding_window": cfg.sliding_window if sliding else None,
+        "use_sliding_window": sliding,
+        "max_window_layers": cfg.num_hidden_layers,
+        "block_size": cfg.block_size,
+        "num_target_layers": cfg.num_target_layers,
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "dtype": dtype_name,
+        "torch_dtype": dtype_name,
+    }
+    for key, value in (extra_config or {}).items():
+        if key in config and config[key] != value:
+            raise ValueError(
+                f"extra_config[{key!r}] = {value!r} conflicts with the exported value {config[key]!r}"
+            )
+        config[key] = value
+    return config
+
+
+def drafter_config_from_serving(
+    config: Mapping[str, Any], source: str = CONFIG_FILE, num_target_layers: int | None = None
+) -> DrafterConfig:
+    """Build a :class:`DrafterConfig` from a spec-4 ``config.json`` dict (extra keys ignored)."""
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, Mapping):
+        raise ValueError(f"{source}: not a DFlash drafter config (no 'dflash_config' object)")
+    required = [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+        "block_size",
+    ]
+    missing = [k for k in required if config.get(k) is None]
+    missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if dflash.get(k) is None]
+    if missing:
+        raise ValueError(f"{source}: missing required field(s) {missing}")
+    heads = int(config["num_attention_heads"])
+    rope_params = dict(config.get("rope_parameters") or {})
+    theta = config.get("rope_theta")
+    if theta is None:
+        theta = rope_params.get("rope_theta", 10000.0)
+    scaling = config.get("rope_scaling")
+    if scaling:
+        scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    elif rope_params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    num_layers = int(config["num_hidden_layers"])
+    layer_ids = [int(i) for i in dflash["target_layer_ids"]]
+    cfg = DrafterConfig(
+        num_hidden_layers=num_layers,
+        block_size=int(config["block_size"]),
+        hidden_size=int(config["hidden_size"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+        intermediate_size=int(config["intermediate_size"]),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        rope_scaling=scaling or None,
+        max_position_embeddings=config.get("max_position_embeddings"),
+        vocab_size=int(config["vocab_size"]),
+        num_target_layers=config.get("num_target_layers", num_target_layers),
+        target_layer_ids=layer_ids,
+        num_target_features=len(layer_ids),
+        mask_token_id=int(dflash["mask_token_id"]),
+        layer_types=list(config.get("layer_types") or ["full_attention"] * num_layers),
+        sliding_window=config.get("sliding_window"),
+        attention_bias=bool(config.get("attention_bias", False)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+    )
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+    return cfg
+
+
+# -- modeling file ---------------------------------------------------------------------------
+
+
+def drafter_source() -> str:
+    """``models/drafter.py`` as shipped; refuses it if it stopped being self-contained."""
+    text = resources.files("dflash_train.models").joinpath("drafter.py").read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(text)):
+        module = None
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+        elif isinstance(node, ast.Import):
+            module = ",".join(a.name for a in node.names)
+        if module and ("dflash_train" in module or module.startswith(".")):
+            raise ValueError(
+                f"models/drafter.py imports {module!r}; it must import only torch so it can be shipped as "
+                f"{MODELING_FILE}"
+            )
+    return text
+
+
+def modeling_source() -> str:
+    """The exported ``modeling_dflash.py``: drafter source verbatim + the HF wrapper."""
+    wrapper = (
+        resources.files("dflash_train.export").joinpath("modeling_wrapper.py.txt").read_text(encoding="utf-8")
+    )
+    return drafter_source().rstrip("\n") + "\n" + wrapper
+
+
+def _readme(config: dict[str, Any]) -> str:
+    ids = config["dflash_config"]["target_layer_ids"]
+    return (
+        "# DFlash drafter\n\n"
+        "Block-diffusion speculative-decoding drafter exported by `dflash-train export`.\n\n"
+        f"- block_size: {config['block_size']} (serve with `num_speculative_tokens = {config['block_size'] - 1}`)\n"
+        f"- drafter layers: {config['num_hidden_layers']}, hidden size {config['hidden_size']}\n"
+        f"- target layers read: {ids} of {config['num_target_layers']}\n"
+        f"- mask_token_id: {config['dflash_config']['mask_token_id']}\n\n"
+        "The target's embedding and lm_head are not included; load with\n"
+        "`AutoModel.from_pretrained(path, trust_remote_code=True)`.\n"
+    )
+
+
+# -- export ----------------------------------------------------------------------------------
+
+
+def _prepare_out_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"export destination {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(
+            f"export destination {out} already exists and is not empty; pass --force "
+            "(force=True) to replace it"
+        )
+
+
+def export_drafter(
+    drafter: DFlashDrafter,
+    cfg: DrafterConfig,
+    out_dir: str | os.PathLike,
+    tokenizer=None,
+    force: bool = False,
+    extra_config: dict[str, Any] | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the spec-4 serving folder for ``drafter`` to ``out_dir`` and return its path.
+
+    The folder is built in a temporary sibling and renamed into place, so ``out_dir``
+    is either the complete new export or untouched. ``dtype`` casts the saved weights
+    (default: the drafter's own parameter dtype).
+    """
+    out = Path(out_dir).expanduser().absolute()
+    _prepare_out_dir(out, force)
+    state = {k: v for k, v in drafter.state_dict().items()}
+    check_tensors(state, cfg, "the drafter's state_dict")
+    if dtype is None:
+        dtype = next(iter(state.values())).dtype
+    tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in state.items()}
+    config = serving_config(cfg, dtype, extra_config)
+    modeling = modeling_source()
+
+    from safetensors.torch import save_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (tmp / MODELING_FILE).write_text(modeling, encoding="utf-8")
+        (tmp / "README.md").write_text(_readme(config), encoding="utf-8")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        _check_written(tmp, cfg)
+        _prepare_out_dir(out, force)  # re-check: something may have appeared meanwhile
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_written(folder: Path, cfg: DrafterConfig) -> None:
+    """Re-read what was written: the file on disk must have exactly the spec's tensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
+        shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    check_tensors({k: _Shape(v) for k, v in shapes.items()}, cfg, str(folder / WEIGHTS_FILE))
+
+
+class _Shape:
+    """Stand-in with a ``.shape`` so :func:`check_tensors` can check headers without loading data."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+# -- import ----------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Load a safetensors file; a missing file -> FileNotFoundError, a bad one -> ValueError naming it."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # SafetensorError, OSError, ... : all mean "unreadable file"
+        raise ValueError(f"{path}: not a readable safetensors file (corrupt or truncated?): {err}") from None
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    single, index = folder / WEIGHTS_FILE, folder / WEIGHTS_INDEX_FILE
+    if single.is_file() or not index.is_file():
+        return read_safetensors(single)
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index}: no 'weight_map' object")
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        tensors.update(read_safetensors(folder / shard))
+    return tensors
+
+
+def _as_target_facts(target) -> TargetFacts:
+    from dflash_train.models.target import target_facts
+
+    if isinstance(target, TargetFacts):
+        return target
+    facts = getattr(target, "facts", None)  # our Target wrapper
+    if isinstance(facts, TargetFacts):
+        return facts
+    config = getattr(target, "config", target)  # a HF model or a HF config
+    if hasattr(config, "hidden_size") or hasattr(config, "get_text_config"):
+        return target_facts(config)
+    raise TypeError(
+        f"cannot read target facts from {type(target).__name__}; pass TargetFacts, Target, "
+        "a HF model or a HF config"
+    )
+
+
+def check_against_target(cfg: DrafterConfig, target, source: str = "drafter") -> DrafterConfig:
+    """Raise ``ValueError`` naming every mismatch between ``cfg`` and the target.
+
+    Returns ``cfg`` with ``num_target_layers`` filled in when the folder did not record it.
+    """
+    facts = _as_target_facts(target)
+    problems = []
+    if cfg.hidden_size != facts.hidden_size:
+        problems.append(f"hidden_size {cfg.hidden_size} != the target's hidden size {facts.hidden_size}")
+    if cfg.num_target_layers is not None and cfg.num_target_layers != facts.num_hidden_layers:
+        problems.append(
+            f"num_target_layers {cfg.num_target_layers} != the target's {facts.num_hidden_layers} layers"
+        )
+    if cfg.vocab_size != facts.vocab_size:
+        problems.append(f"vocab_size {cfg.vocab_size} != the target's vocab size {facts.vocab_size}")
+    bad = [i for i in cfg.target_layer_ids or [] if not 0 <= i < facts.num_hidden_layers]
+    if bad:
+        problems.append(
+            f"target_layer_ids {bad} out of range for a target with {facts.num_hidden_layers} layers "
+            f"(valid: 0..{facts.num_hidden_layers - 1})"
+        )
+    if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < facts.vocab_size:
+        problems.append(
+            f"mask_token_id {cfg.mask_token_id} has no row in the target's embedding table "
+            f"({facts.vocab_size} rows)"
+        )
+    if problems:
+        raise ValueError(f"{source} does not fit this target: " + "; ".join(problems))
+    if cfg.num_target_layers is None:
+        cfg = dataclasses.replace(cfg, num_target_layers=facts.num_hidden_layers)
+    return cfg
+
+
+def build_drafter(
+    cfg: DrafterConfig,
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> DFlashDrafter:
+    """A :class:`DFlashDrafter` for ``cfg`` loaded strictly from ``state``."""
+    check_tensors(state, cfg, source)
+    drafter = DFlashDrafter(cfg)
+    drafter.load_state_dict(dict(state), strict=True)
+    return drafter.to(device=device, dtype=dtype)
+
+
+def load_drafter_folder(
+    path: str | os.PathLike,
+    target_facts_or_target=None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[DFlashDrafter, DrafterConfig]:
+    """Load a spec-4 folder (ours or a published one) as ``(DFlashDrafter, DrafterConfig)``.
+
+    Weights load strictly (missing/unexpected names or wrong shapes -> ``ValueError``).
+    With a target (``TargetFacts``, ``Target``, HF model or HF config) the pairing is
+    checked: hidden size, number of target layers, vocab size, layer ids in range.
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"drafter folder {folder} not found")
+    config = _read_json(folder / CONFIG_FILE)
+    cfg = drafter_config_from_serving(config, str(folder / CONFIG_FILE))
+    if target_facts_or_target is not None:
+        cfg = check_against_target(cfg, target_facts_or_target, f"drafter {folder}")
+    state = _read_weights(folder)
+    weights = folder / WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else folder / WEIGHTS_INDEX_FILE
+    return build_drafter(cfg, state, str(weights), device=device, dtype=dtype), cfg
