@@ -1,0 +1,109 @@
+"""Sub-commands ``regenerate`` and ``data inspect``; ``register`` is called by the top-level CLI.
+
+``python -m dflash_train.data.cli ...`` runs them without the other modules' commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    regen = subparsers.add_parser("regenerate", help="replace assistant turns with the target's own responses")
+    regen.add_argument("--target", required=True, help="HF model folder of the target")
+    regen.add_argument("--data", required=True, nargs="+", help="input files or folders")
+    regen.add_argument("--out", required=True, help="output JSONL (appended to; resumable)")
+    regen.add_argument("--max-new-tokens", type=int, default=1024)
+    regen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    regen.add_argument("--top-p", type=float, default=1.0)
+    regen.add_argument("--batch-size", type=int, default=8)
+    regen.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
+                       help="pass enable_thinking to the chat template (default: template default)")
+    regen.add_argument("--limit", type=int, default=None, help="only the first N valid input records")
+    regen.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
+    regen.add_argument("--device", default=None)
+    regen.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    regen.add_argument("--seed", type=int, default=0)
+    regen.set_defaults(func=cmd_regenerate)
+
+    data = subparsers.add_parser("data", help="data tools")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    insp = data_sub.add_parser("inspect", help="show a tokenized example and dataset statistics")
+    insp.add_argument("--data", required=True, nargs="+")
+    insp.add_argument("--tokenizer", required=True)
+    insp.add_argument("--index", type=int, default=0)
+    insp.add_argument("--max-length", type=int, default=2048)
+    insp.add_argument("--supervise", choices=["all", "last"], default="all")
+    insp.add_argument("--no-reasoning", action="store_true", help="drop <think> content")
+    insp.add_argument("--block-size", type=int, default=16)
+    insp.add_argument("--min-supervised-tokens", type=int, default=None)
+    insp.add_argument("--cache-dir", default=None)
+    insp.add_argument("--strict", action="store_true")
+    insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None)
+    insp.set_defaults(func=cmd_inspect)
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def cmd_regenerate(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from .errors import SkipReport
+    from .generators import HFGenerator, SamplingParams
+    from .readers import read_records, resolve_files
+    from .regenerate import run_regenerate
+
+    _check_positive(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, limit=args.limit)
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise ValueError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if not Path(args.target).exists():
+        raise FileNotFoundError(f"--target {args.target}: no such model folder")
+    resolve_files(args.data)  # fail fast on missing input before loading the model
+    torch.manual_seed(args.seed)
+    generator = HFGenerator(args.target, dtype=args.dtype, device=args.device)
+    params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.thinking)
+    report = SkipReport()
+    records = read_records(args.data, report, args.strict)
+    summary = run_regenerate(records, generator, Path(args.out), params, args.batch_size, report,
+                             args.limit, args.strict)
+    print(summary.format(report))
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from transformers import AutoTokenizer
+
+    from . import DataConfig, load_tokenized
+    from .inspect import inspect_dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    cfg = DataConfig(paths=args.data, max_length=args.max_length, supervise=args.supervise,
+                     keep_reasoning=not args.no_reasoning, min_supervised_tokens=args.min_supervised_tokens,
+                     strict=args.strict, cache_dir=args.cache_dir, token_budget=max(8192, args.max_length))
+    dataset, report = load_tokenized(cfg, tokenizer, args.block_size)
+    color = sys.stdout.isatty() if args.color is None else args.color
+    print(inspect_dataset(dataset, report, tokenizer, args.index, color))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dflash-train")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"dflash-train {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
