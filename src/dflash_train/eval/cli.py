@@ -1,0 +1,78 @@
+"""``dflash-train eval``: tau, speed and the lossless check of a serving-format drafter."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="measure acceptance length (tau) and speedup of a DFlash drafter",
+        description="Speculative decoding with a DFlash drafter folder against plain target decoding: "
+        "mean tau, tau per prompt, accepted-length histogram, per-position acceptance, tokens/s, speedup, "
+        "and (greedy) a token-for-token lossless check. Exits 1 when the lossless check fails.",
+    )
+    p.add_argument("--target", required=True, help="target model folder (or folder/file.gguf)")
+    p.add_argument("--drafter", required=True, help="DFlash serving-format folder (config.json + model.safetensors)")
+    p.add_argument("--prompts", required=True,
+                   help="chat .jsonl/.json (messages / conversations / prompt) or a text file, one prompt per line")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's; may be smaller")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip plain target decoding (no speedup, no lossless check)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from dflash_train.eval.evaluate import evaluate, format_table, write_report
+    from dflash_train.eval.loader import load_drafter_folder
+    from dflash_train.eval.prompts import encode_prompts, read_prompts
+    from dflash_train.models.target import Target
+
+    if args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be >= 1")
+    if args.temperature < 0:
+        raise ValueError("--temperature must be >= 0")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = getattr(torch, dtype_name)
+
+    prompts = read_prompts(args.prompts, limit=args.limit)
+    target = Target.load(args.target, dtype=dtype, device=device)
+    drafter = load_drafter_folder(args.drafter, target)
+    if target.tokenizer is None:
+        raise ValueError(f"target {args.target} has no tokenizer")
+    ids = encode_prompts(target.tokenizer, prompts)
+    baseline = not args.no_baseline
+    check = baseline and args.temperature == 0 and not args.no_lossless_check
+    print(f"eval: {len(ids)} prompts, target {args.target} ({dtype_name}, {device}), drafter {args.drafter}, "
+          f"block {args.block_size or drafter.block_size}, T={args.temperature}", file=sys.stderr)
+    report = evaluate(
+        target, drafter, ids, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+        temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
+        seed=args.seed, progress=True,
+    )
+    report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
+    json_path, png_path = write_report(report, args.out)
+    print(format_table(report))
+    print(f"wrote {json_path} and {png_path}")
+    lossless = report["lossless"]
+    if lossless["checked"] and not lossless["ok"]:
+        for i in lossless["failed_prompts"]:
+            print(f"LOSSLESS CHECK FAILED on prompt {i}: {lossless['per_prompt'][i]}", file=sys.stderr)
+        return 1
+    return 0

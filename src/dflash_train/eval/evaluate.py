@@ -1,0 +1,287 @@
+"""Acceptance length (tau), speed and the lossless check over a set of prompts.
+
+:func:`evaluate` takes already-loaded models and token ids, so the trainer can call it
+every N steps on a small held-out set (``baseline=False`` skips the target-only
+decode and keeps it cheap). The ``eval`` CLI adds prompt files, the chat template,
+a JSON report, a console table and a PNG.
+
+Lossless check (temperature 0): the speculative tokens must equal plain greedy decoding
+token for token. In float32 any divergence fails. In half precision, verifying a block
+in one forward and decoding one token at a time reduce in different orders, so the two
+can part at a near-tie; a divergence passes only if, in the plain decode's logits at
+that position, the speculative token is within :data:`TIE_TOLERANCE` of the top logit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from dflash_train.eval.speculative import GenResult, SpecResult, speculative_generate, target_generate
+
+# Largest top-1 vs chosen-token logit gap that still counts as a rounding near-tie.
+# bf16 keeps 8 significant bits: a logit of magnitude 16..32 has an ulp of 0.125 and the
+# lm_head output itself is rounded to that grid; batched vs one-token kernels perturb the
+# final hidden state by a few bf16 ulps, which moves a logit by ~1-4 ulps. 0.5 logits
+# (4 ulps at |logit| < 32) covers that and still fails any real decision error, whose gaps
+# are typically whole logits. fp16 (11 bits) gets the same 4-ulp budget, 0.0625 at
+# |logit| < 32 -> rounded up to 0.125. float32 must match exactly.
+TIE_TOLERANCE = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.5, torch.float16: 0.125}
+TOPK_RECORDED = 8
+
+
+def default_stop_token_ids(target) -> list[int]:
+    """eos ids of the tokenizer and the generation config."""
+    ids: list[int] = []
+    gen = getattr(target.model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), getattr(target.tokenizer, "eos_token_id", None)):
+        if src is None:
+            continue
+        ids += [int(x) for x in (src if isinstance(src, (list, tuple)) else [src])]
+    return sorted(set(ids))
+
+
+def compare_greedy(spec_tokens: list[int], plain: GenResult, tolerance: float) -> dict:
+    """Lossless verdict for one prompt: ``{"ok", "diverged_at", "spec_token", "plain_token",
+    "top2_gap", "spec_token_gap"}``. ``plain`` must carry top-k logits."""
+    n = min(len(spec_tokens), len(plain.tokens))
+    first = next((i for i in range(n) if spec_tokens[i] != plain.tokens[i]), None)
+    if first is None:
+        if len(spec_tokens) == len(plain.tokens):
+            return {"ok": True, "diverged_at": None}
+        return {"ok": False, "diverged_at": n, "reason": f"length {len(spec_tokens)} vs plain {len(plain.tokens)}"}
+    verdict = {"ok": False, "diverged_at": first, "spec_token": spec_tokens[first], "plain_token": plain.tokens[first]}
+    if plain.topk_values is None:
+        return {**verdict, "reason": "no plain logits recorded"}
+    vals, ids = plain.topk_values[first], plain.topk_ids[first].tolist()
+    verdict["top2_gap"] = float(vals[0] - vals[1])
+    if spec_tokens[first] in ids:
+        gap = float(vals[0] - vals[ids.index(spec_tokens[first])])
+        verdict["spec_token_gap"] = gap
+        verdict["ok"] = tolerance > 0 and gap <= tolerance
+    else:
+        verdict["spec_token_gap"] = None  # not even in the plain decode's top-k: a real error
+    verdict["tolerance"] = tolerance
+    return verdict
+
+
+def _safe_div(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size: int) -> dict:
+    """Aggregate statistics (mean tau over all verify steps of all prompts, etc.)."""
+    taus = [t for r in spec for t in r.acceptance_lengths]
+    hist = {str(k): 0 for k in range(1, block_size + 1)}
+    for t in taus:
+        hist[str(t)] = hist.get(str(t), 0) + 1
+    reached = [sum(r.position_reached[k] for r in spec) for k in range(block_size - 1)]
+    accepted = [sum(r.position_accepted[k] for r in spec) for k in range(block_size - 1)]
+    spec_tokens = sum(max(0, len(r.tokens) - 1) for r in spec)
+    spec_time = sum(r.decode_time for r in spec)
+    out = {
+        "num_prompts": len(spec),
+        "block_size": block_size,
+        "num_verify_steps": len(taus),
+        "mean_tau": _safe_div(sum(taus), len(taus)),
+        "tau_per_prompt": [r.mean_tau for r in spec],
+        "acceptance_histogram": hist,
+        "per_position_reached": reached,
+        "per_position_accepted": accepted,
+        "per_position_acceptance": [_safe_div(a, r) if r else None for a, r in zip(accepted, reached)],
+        "generated_tokens": sum(len(r.tokens) for r in spec),
+        "spec_decode_tokens_per_s": _safe_div(spec_tokens, spec_time),
+        "spec_draft_time_s": sum(r.draft_time for r in spec),
+        "spec_verify_time_s": sum(r.verify_time for r in spec),
+    }
+    if plain is not None:
+        plain_tokens = sum(max(0, len(r.tokens) - 1) for r in plain)
+        out["target_decode_tokens_per_s"] = _safe_div(plain_tokens, sum(r.decode_time for r in plain))
+        out["speedup"] = _safe_div(out["spec_decode_tokens_per_s"], out["target_decode_tokens_per_s"])
+    return out
+
+
+@torch.no_grad()
+def evaluate(
+    target,
+    drafter,
+    prompts_token_ids,
+    max_new_tokens: int = 128,
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    stop_token_ids=None,
+    baseline: bool = True,
+    lossless_check: bool | None = None,
+    tie_tolerance: float | None = None,
+    seed: int = 0,
+    warmup: bool = True,
+    progress: bool = False,
+) -> dict:
+    """Speculative decoding over ``prompts_token_ids`` (list of 1-D token id lists/tensors).
+
+    ``drafter``: a loaded :class:`DFlashDrafter` (unwrap DDP/compile first) or a
+    ``Proposer``; its train/eval mode is restored afterwards. ``baseline`` also decodes
+    every prompt with the target alone (tokens/s and speedup); ``lossless_check``
+    (default: on when ``baseline`` and greedy) compares the two token for token.
+    ``stop_token_ids`` defaults to the target's eos ids. Returns a JSON-able dict;
+    ``report["lossless"]["ok"]`` is False on any failed prompt.
+    """
+    was_training = getattr(drafter, "training", None)
+    if was_training:
+        drafter.eval()
+    try:
+        return _evaluate(target, drafter, prompts_token_ids, max_new_tokens, block_size, temperature, top_p,
+                         stop_token_ids, baseline, lossless_check, tie_tolerance, seed, warmup, progress)
+    finally:
+        if was_training:
+            drafter.train()
+
+
+def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature, top_p, stop_token_ids,
+              baseline, lossless_check, tie_tolerance, seed, warmup, progress) -> dict:
+    device = target.device
+    stop = default_stop_token_ids(target) if stop_token_ids is None else [int(t) for t in stop_token_ids]
+    greedy = temperature <= 0
+    if lossless_check is None:
+        lossless_check = baseline and greedy
+    if lossless_check and not (baseline and greedy):
+        raise ValueError("the lossless check needs temperature 0 and the target-only baseline")
+    dtype = target.lm_head_weight.dtype
+    tolerance = TIE_TOLERANCE.get(dtype, 0.0) if tie_tolerance is None else float(tie_tolerance)
+    prompts = [torch.as_tensor(p, dtype=torch.long).view(1, -1) for p in prompts]
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    native = int(drafter.block_size)
+    block = native if block_size is None else int(block_size)
+    gen = torch.Generator(device=device)
+    common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
+
+    if warmup:  # first calls pay for allocator / kernel selection; keep them out of the timings
+        n = min(4, max_new_tokens)
+        speculative_generate(target, drafter, prompts[0], n, block_size=block, generator=gen.manual_seed(seed), **common)
+        if baseline:
+            target_generate(target, prompts[0], n, generator=gen.manual_seed(seed), **common)
+
+    spec, plain, verdicts = [], [] if baseline else None, []
+    iterator = range(len(prompts))
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(iterator, desc="eval", unit="prompt")
+    for i in iterator:
+        ids = prompts[i]
+        if baseline:
+            plain.append(target_generate(target, ids, max_new_tokens, generator=gen.manual_seed(seed + i),
+                                         record_topk=TOPK_RECORDED if lossless_check else 0, **common))
+        spec.append(speculative_generate(target, drafter, ids, max_new_tokens, block_size=block,
+                                         generator=gen.manual_seed(seed + i), **common))
+        if lossless_check:
+            verdict = compare_greedy(spec[-1].tokens, plain[-1], tolerance)
+            verdicts.append(verdict)
+            if progress and verdict["diverged_at"] is not None:
+                iterator.write(f"prompt {i}: speculative output diverges at token {verdict['diverged_at']}: {verdict}")
+        if progress:
+            iterator.set_postfix(tau=f"{spec[-1].mean_tau:.2f}")
+
+    report = summarize(spec, plain, block)
+    report.update({
+        "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+        "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
+    })
+    if lossless_check:
+        failed = [i for i, v in enumerate(verdicts) if not v["ok"]]
+        report["lossless"] = {
+            "checked": True, "ok": not failed, "tolerance": tolerance, "failed_prompts": failed,
+            "near_tie_divergences": [i for i, v in enumerate(verdicts) if v["ok"] and v["diverged_at"] is not None],
+            "per_prompt": verdicts,
+        }
+    else:
+        report["lossless"] = {"checked": False, "ok": None}
+    report["prompts"] = [
+        {"prompt_tokens": int(p.shape[1]), "new_tokens": len(s.tokens), "tau": s.mean_tau,
+         "acceptance_lengths": s.acceptance_lengths, "spec_decode_tokens_per_s": s.decode_tokens_per_s,
+         **({"target_decode_tokens_per_s": g.decode_tokens_per_s} if plain is not None else {})}
+        for p, s, g in zip(prompts, spec, plain if plain is not None else [None] * len(spec))
+    ]
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------
+def format_table(report: dict) -> str:
+    """A short console summary."""
+    def fmt(x, spec=".2f"):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+    rows = [
+        ("prompts", str(report["num_prompts"])),
+        ("block size", str(report["block_size"])),
+        ("verify steps", str(report["num_verify_steps"])),
+        ("mean tau", fmt(report["mean_tau"], ".3f")),
+        ("tau per prompt (min/max)", f"{fmt(min(report['tau_per_prompt']))} / {fmt(max(report['tau_per_prompt']))}"),
+        ("spec decode tok/s", fmt(report["spec_decode_tokens_per_s"], ".1f")),
+        ("target decode tok/s", fmt(report.get("target_decode_tokens_per_s"), ".1f")),
+        ("speedup", fmt(report.get("speedup")) + ("x" if report.get("speedup") is not None else "")),
+    ]
+    acc = report["per_position_acceptance"]
+    if acc:
+        rows.append(("accept rate pos 1..", " ".join(fmt(a) for a in acc[:8]) + (" ..." if len(acc) > 8 else "")))
+    ll = report["lossless"]
+    if ll["checked"]:
+        status = "PASS" if ll["ok"] else f"FAIL on prompts {ll['failed_prompts']}"
+        if ll["near_tie_divergences"]:
+            status += f" ({len(ll['near_tie_divergences'])} near-tie divergences within {ll['tolerance']})"
+        rows.append(("lossless check", status))
+    else:
+        rows.append(("lossless check", "off"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def plot_report(report: dict, path: str | os.PathLike) -> Path:
+    """PNG: histogram of accepted lengths and per-position acceptance rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    hist = report["acceptance_histogram"]
+    lengths = sorted(int(k) for k in hist)
+    total = max(1, sum(hist.values()))
+    ax1.bar(lengths, [hist[str(k)] / total for k in lengths], color="tab:blue")
+    ax1.axvline(report["mean_tau"], color="tab:red", ls="--", label=f"mean tau {report['mean_tau']:.2f}")
+    ax1.set_xlabel("acceptance length tau (accepted drafts + 1)")
+    ax1.set_ylabel("fraction of verify steps")
+    ax1.set_xticks(lengths)
+    ax1.legend()
+    acc = report["per_position_acceptance"]
+    pos = list(range(1, len(acc) + 1))
+    ax2.plot(pos, [a if a is not None else float("nan") for a in acc], marker="o", color="tab:green")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("draft position k")
+    ax2.set_ylabel("P(k accepted | k reached)")
+    if pos:
+        ax2.set_xticks(pos)
+    fig.suptitle(f"DFlash eval: {report['num_prompts']} prompts, block {report['block_size']}, "
+                 f"T={report['temperature']}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
+    """Write ``eval.json`` and ``eval.png`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "eval.json"
+    json_path.write_text(json.dumps(report, indent=2))
+    return json_path, plot_report(report, out / "eval.png")
