@@ -1,0 +1,5 @@
+"""Export/import of the DFlash serving folder (spec section 4); see ``serving`` and ``cli``."""
+
+from dflash_train.export.serving import export_drafter, load_drafter_folder, serving_tensor_names
+
+__all__ = ["export_drafter", "load_drafter_folder", "serving_tensor_names"]
