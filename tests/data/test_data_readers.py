@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dflash_train.data.errors import DataError, SkipReport
 from dflash_train.data.readers import read_records
+from dflash_train.data.tokenize import TokenizeOptions, tokenize_records
 
 EXPECTED = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
             {"role": "assistant", "content": "A"}, {"role": "user", "content": "Q2"},
@@ -121,10 +122,13 @@ line = record.map(json.dumps) | st.text(max_size=12).filter(lambda s: "\n" not i
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(line, min_size=1, max_size=12))
-def test_random_malformed_records_never_crash(tmp_path, lines):
+def test_random_malformed_records_never_crash(tmp_path, chatml_tok, lines):
+    """Through reading and tokenization: every non-blank line is either kept or skipped for a reason."""
     path = tmp_path / "fuzz.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    records, report = read([path])
-    report.kept = len(records)
-    nonblank = sum(1 for s in lines if s.strip())
-    assert report.read == nonblank == report.kept + report.total_skipped
+    report = SkipReport()
+    records = read_records([str(path)], report)
+    rows = list(tokenize_records(records, chatml_tok, TokenizeOptions(min_supervised_tokens=1), report))
+    nonblank = sum(1 for s in lines if s.encode().strip())  # the reader skips ASCII-blank lines
+    assert report.read == nonblank == report.kept + report.total_skipped and report.kept == len(rows)
+    assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["length"] for r in rows)

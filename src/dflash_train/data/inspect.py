@@ -31,7 +31,7 @@ def statistics(lengths: list[int], supervised: list[int], bins: int = 8) -> str:
     counts, edges = np.histogram(lengths_a, bins=bins)
     width = 40 / max(counts.max(), 1)
     for c, lo, hi in zip(counts, edges[:-1], edges[1:]):
-        lines.append(f"  {int(lo):>7}-{int(hi):<7} {int(c):>7} {'#' * int(round(c * width))}")
+        lines.append(f"  {int(lo):>7}-{int(hi):<7} {int(c):>7} {'#' * int(round(c * width))}".rstrip())
     return "\n".join(lines)
 
 

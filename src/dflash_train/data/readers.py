@@ -195,6 +195,8 @@ def _openai(items: object, location: str) -> list[dict]:
         reasoning = item.get("reasoning_content")
         if role == "assistant" and reasoning is not None:
             msg["reasoning_content"] = _text(reasoning, location, f"{name}.reasoning_content")
+        if role == "assistant" and isinstance(item.get("tool_calls"), list):
+            msg["tool_calls"] = item["tool_calls"]  # rendered by the template as context, not supervised
         out.append(msg)
     return out
 
