@@ -120,15 +120,17 @@ record = (st.fixed_dictionaries({"messages": st.lists(message, max_size=4) | jso
 line = record.map(json.dumps) | st.text(max_size=12).filter(lambda s: "\n" not in s and "\r" not in s)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("fixture", ["chatml_tok", "qwen3_tok", "llama3_tok"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(line, min_size=1, max_size=12))
-def test_random_malformed_records_never_crash(tmp_path, chatml_tok, lines):
+def test_random_malformed_records_never_crash(tmp_path, request, fixture, lines):
     """Through reading and tokenization: every non-blank line is either kept or skipped for a reason."""
+    tok = request.getfixturevalue(fixture)
     path = tmp_path / "fuzz.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     report = SkipReport()
     records = read_records([str(path)], report)
-    rows = list(tokenize_records(records, chatml_tok, TokenizeOptions(min_supervised_tokens=1), report))
+    rows = list(tokenize_records(records, tok, TokenizeOptions(min_supervised_tokens=1), report))
     nonblank = sum(1 for s in lines if s.encode().strip())  # the reader skips ASCII-blank lines
     assert report.read == nonblank == report.kept + report.total_skipped and report.kept == len(rows)
     assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["length"] for r in rows)

@@ -111,3 +111,28 @@ def test_no_chat_template_is_an_error(chatml_tok):
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         check_chat_template(tok)
+
+
+TOOL_CONV = [
+    {"role": "user", "content": "What is 6*7? Use the calculator."},
+    {"role": "assistant", "content": "Let me check."},
+    {"role": "tool", "content": "42"},
+    {"role": "assistant", "content": "The answer is 42."},
+]
+
+
+@pytest.mark.parametrize("fixture", ["chatml_tok", "qwen3_tok", "llama3_tok"])
+def test_tool_turns_not_supervised(request, fixture):
+    tok = request.getfixturevalue(fixture)
+    ids, mask = tokenize_messages(tok, TOOL_CONV, opts(), "t:1")
+    eot = {"chatml_tok": "<|im_end|>", "qwen3_tok": "<|im_end|>", "llama3_tok": "<|eot_id|>"}[fixture]
+    assert spans(tok, ids, mask) == [f"Let me check.{eot}", f"The answer is 42.{eot}"]
+
+
+def test_template_exception_is_a_data_error(chatml_tok):
+    tok = chatml_tok.__class__.from_pretrained(chatml_tok.name_or_path)
+    tok.chat_template = ("{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('must start with user') }}"
+                         "{% endif %}" + chatml_tok.chat_template)
+    with pytest.raises(DataError) as err:
+        tokenize_messages(tok, [{"role": "assistant", "content": "hi"}], opts(), "f.jsonl:4")
+    assert err.value.reason == "template_error" and "must start with user" in str(err.value)

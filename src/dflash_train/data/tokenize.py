@@ -121,7 +121,10 @@ def tokenize_messages(tokenizer, messages: list[dict], opts: TokenizeOptions, lo
                       specials: set[int] | None = None) -> tuple[list[int], list[int]]:
     """Return ``(input_ids, loss_mask)`` of one conversation, or raise ``DataError``."""
     messages = prepare_messages(messages, opts.keep_reasoning, tokenizer.chat_template)
-    text = render(tokenizer, messages)
+    try:
+        text = render(tokenizer, messages)
+    except Exception as err:  # e.g. raise_exception('roles must alternate') inside the template
+        raise DataError(location, "messages", "template_error", str(err)) from err
     spans = assistant_spans(tokenizer, messages, text, opts.supervise, location)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
