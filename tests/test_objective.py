@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import tiny_drafter
+from dflash_train.testing import tiny_drafter
 
 from dflash_train.models.attention import build_masks
 from dflash_train.objective.blocks import (

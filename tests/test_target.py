@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_qwen3
+from dflash_train.testing import tiny_qwen3
 
 from dflash_train.models.config import DrafterConfig, default_target_layer_ids, resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_qwen3
+from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 from dflash_train.eval.speculative import (
     DFlashProposer,

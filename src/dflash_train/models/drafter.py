@@ -83,7 +83,8 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        inv_freq, self.attention_scaling = rope_inv_freq(config)
+        with torch.device("cpu"):  # from_pretrained builds modules on the meta device
+            inv_freq, self.attention_scaling = rope_inv_freq(config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

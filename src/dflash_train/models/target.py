@@ -36,7 +36,7 @@ def target_facts(hf_config) -> TargetFacts:
     theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0)
     scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling.get("rope_type", "default") == "default":
-        scaling = getattr(cfg, "rope_scaling", None) or None
+        scaling = None
     return TargetFacts(
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,

@@ -1,0 +1,194 @@
+"""The training job's configuration: nested dataclasses, YAML/JSON files, overrides.
+
+A job is ``JobConfig`` = target + drafter + data + optim + train (+ eval). It comes
+from a named recipe (``recipes/*.yaml`` inside the package) or a file, then
+``key.sub=value`` overrides from the command line. Unknown keys and impossible
+combinations raise ``ValueError`` saying what to fix; ``validate`` runs before any
+model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dflash_train.data import DataConfig
+from dflash_train.models.config import DrafterConfig
+
+
+@dataclass
+class TargetConfig:
+    path: str = ""
+    gguf_file: str | None = None
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ValueError("target.path is required (a HF model folder or a .gguf file)")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"target.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = "runs/dflash"
+    seed: int = 0
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs when set
+    grad_accum: int = 1
+    num_anchors: int = 512
+    anchors: str = "random"  # "random" (paper) or "uniform" (ablation: fixed blocks)
+    gamma: float | None = None  # loss decay; None -> paper value for the block size
+    device: str = "auto"
+    attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
+    compile: bool = True  # torch.compile the drafter layers (CUDA only)
+    loss_chunk_size: int = 4096
+    log_every: int = 10
+    tensorboard: bool = True
+    progress: bool = True
+    save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
+    save_every_minutes: float = 0.0
+    keep_last: int = 2
+    resume: str | None = None  # a checkpoint folder, or "auto" for the newest in run_dir
+    init_from: str | None = None  # a DFlash serving folder to warm-start the drafter
+
+    def validate(self) -> None:
+        if self.epochs <= 0 and not self.max_steps:
+            raise ValueError("train.epochs must be > 0 (or set train.max_steps)")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"train.max_steps must be >= 1, got {self.max_steps}")
+        for name in ("grad_accum", "num_anchors", "log_every", "loss_chunk_size", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.anchors not in ("random", "uniform"):
+            raise ValueError(f"train.anchors must be 'random' or 'uniform', got {self.anchors!r}")
+        if self.attention not in ("auto", "sdpa", "flex"):
+            raise ValueError(f"train.attention must be auto/sdpa/flex, got {self.attention!r}")
+        if self.gamma is not None and self.gamma <= 0:
+            raise ValueError(f"train.gamma must be > 0, got {self.gamma}")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out speculative decoding during training (real tau, not only accuracy)."""
+
+    prompts: str | None = None  # chat file or one prompt per line; None disables
+    every: int = 0  # steps between evaluations (0: only before and after training)
+    num_prompts: int = 8
+    max_new_tokens: int = 64
+    at_start: bool = True
+
+
+@dataclass
+class JobConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        self.target.validate()
+        self.drafter.validate()
+        self.data.validate()
+        self.optim.validate()
+        self.train.validate()
+        if self.data.max_length <= self.drafter.block_size:
+            raise ValueError(
+                f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
+            )
+        if self.train.attention == "flex" and self.train.device == "cpu":
+            raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+
+
+def _build(cls, data: dict[str, Any], where: str):
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
+    kwargs = {}
+    for name, value in data.items():
+        if name == "betas" and isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def config_from_dict(data: dict[str, Any]) -> JobConfig:
+    sections = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig, "optim": OptimConfig,
+                "train": TrainConfig, "eval": EvalConfig}
+    unknown = sorted(set(data) - set(sections))
+    if unknown:
+        raise ValueError(f"unknown config section(s) {unknown}; known: {sorted(sections)}")
+    return JobConfig(**{name: _build(cls, data.get(name) or {}, name) for name, cls in sections.items()})
+
+
+def recipe_names() -> list[str]:
+    folder = resources.files("dflash_train") / "recipes"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_config_file(path_or_recipe: str) -> dict[str, Any]:
+    """A YAML/JSON file, or the name of a packaged recipe (see ``recipe_names()``)."""
+    path = Path(path_or_recipe)
+    if path.exists():
+        text = path.read_text()
+        return (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+    if path_or_recipe in recipe_names():
+        text = (resources.files("dflash_train") / "recipes" / f"{path_or_recipe}.yaml").read_text()
+        return yaml.safe_load(text) or {}
+    raise FileNotFoundError(f"no config file or recipe named {path_or_recipe!r}; recipes: {recipe_names()}")
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``section.key=value`` pairs; values parse as YAML (numbers, lists, null, bools)."""
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ValueError(f"override {item!r} must look like section.key=value (e.g. train.max_steps=100)")
+        dotted, raw = item.split("=", 1)
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})
+        if not isinstance(data[section], dict):
+            raise ValueError(f"override {item!r}: {section} is not a section")
+        data[section][key] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path_or_recipe: str | None, overrides: list[str] = ()) -> JobConfig:
+    data = read_config_file(path_or_recipe) if path_or_recipe else {}
+    cfg = config_from_dict(apply_overrides(data, list(overrides)))
+    cfg.validate()
+    return cfg

@@ -1,0 +1,226 @@
+"""Checkpoints that resume exactly, written atomically, loaded without unpickling.
+
+Layout of ``RUN/checkpoints/step-00000120/``::
+
+    state/                  torch.distributed.checkpoint in safetensors form (every rank
+                            writes its shards): drafter weights + AdamW moments/steps
+    optim_groups.json       the optimizer's non-tensor hyperparameters (lr, betas, ...)
+    trainer_state.json      step/sample/token counters, data-loader position, scheduler
+    rng/rank-<r>.json       RNG states of every rank (python, numpy, torch CPU/CUDA)
+    config.json             the resolved job config (JSON, never pickled)
+    drafter_config.json     the resolved drafter config  } what ``export`` reads
+    drafter.safetensors     the full drafter weights     }
+    COMPLETE                written last: a folder without it is never loaded
+
+The folder is written as ``step-N.tmp`` and renamed when complete, so a crash in the
+middle of a save leaves the previous checkpoint the newest loadable one. Loading
+uses the safetensors-based DCP reader and JSON: no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+COMPLETE = "COMPLETE"
+STEP_PREFIX = "step-"
+# Config fields that may change on resume without changing what is being trained.
+RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "train.save_every_steps",
+                     "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
+                     "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile"}
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{STEP_PREFIX}{step:08d}"
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    folder = Path(run_dir) / "checkpoints"
+    if not folder.exists():
+        return []
+    found = [p for p in folder.iterdir() if p.name.startswith(STEP_PREFIX) and not p.name.endswith(".tmp")
+             and (p / COMPLETE).exists()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+# -- state capture -----------------------------------------------------------------------------
+def _split_state(model, optimizer):
+    """Tensors (for DCP) and the JSON-able optimizer hyperparameters."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    tensors = {f"model.{k}": v for k, v in model_sd.items()}
+    tensors.update({f"optim.{k}": v for k, v in optim_sd.items() if torch.is_tensor(v)})
+    groups = {k: v for k, v in optim_sd.items() if not torch.is_tensor(v)}
+    return tensors, groups
+
+
+def rng_state() -> dict:
+    state = {
+        "python": _jsonable(random.getstate()),
+        "numpy": _jsonable(np.random.get_state()),
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_tupled(state["python"]))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _jsonable(value):
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _tupled(value):
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
+
+
+# -- save ------------------------------------------------------------------------------------
+def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None = None) -> Path:
+    """Save everything ``trainer`` needs to resume; every rank must call this."""
+    run_dir = Path(run_dir or trainer.run_dir)
+    final = checkpoint_dir(run_dir, trainer.counters.step)
+    tmp = final.with_name(final.name + ".tmp")
+    rank = _rank()
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    tensors, groups = _split_state(trainer.model, trainer.optimizer)
+    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "state")))
+    (tmp / "rng").mkdir(exist_ok=True)
+    _write_json(tmp / "rng" / f"rank-{rank}.json", rng_state())
+    _barrier()
+    if rank == 0:
+        _write_json(tmp / "optim_groups.json", groups)
+        _write_json(tmp / "trainer_state.json", trainer.state_dict())
+        _write_json(tmp / "config.json", trainer.cfg.to_dict())
+        _write_json(tmp / "drafter_config.json", trainer.drafter_cfg.to_dict())
+        weights = {k: v.detach().float().cpu().contiguous() for k, v in trainer.drafter.state_dict().items()}
+        save_file(weights, str(tmp / "drafter.safetensors"))
+        (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _prune(run_dir, keep_last or trainer.cfg.train.keep_last)
+    _barrier()
+    return final
+
+
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=1))
+
+
+def _prune(run_dir: Path, keep_last: int) -> None:
+    for old in complete_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -- load ------------------------------------------------------------------------------------
+def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
+    """``auto`` -> newest complete checkpoint of the run (None on a fresh run)."""
+    if not resume:
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if not (path / COMPLETE).exists():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise ValueError(f"{path} is not a complete checkpoint (no {COMPLETE} marker) and holds none")
+        return newest
+    return path
+
+
+def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    """Fields that differ, except those allowed to change on resume."""
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        name = f"{prefix}{key}"
+        if name in RESUMABLE_CHANGES or name.split(".")[0] in RESUMABLE_CHANGES:
+            continue
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, name + ".")
+        elif _normal(a) != _normal(b):
+            diffs.append(f"{name}: checkpoint {a!r} vs now {b!r}")
+    return diffs
+
+
+def _normal(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ValueError(f"checkpoint file missing: {path}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"checkpoint file corrupt: {path} ({err})") from err
+
+
+def load_checkpoint(trainer, path: Path) -> None:
+    """Restore weights, optimizer, scheduler, counters, data position and RNG."""
+    path = Path(path)
+    saved_cfg = _read_json(path / "config.json")
+    diffs = config_differences(saved_cfg, trainer.cfg.to_dict())
+    saved_drafter = _read_json(path / "drafter_config.json")
+    diffs += config_differences(saved_drafter, trainer.drafter_cfg.to_dict(), "drafter(resolved).")
+    if diffs:
+        raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))
+    tensors, _ = _split_state(trainer.model, trainer.optimizer)
+    try:
+        dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")))
+    except Exception as err:  # noqa: BLE001 - any reader failure means a damaged checkpoint
+        raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {type(err).__name__}: {err}") from err
+    groups = _read_json(path / "optim_groups.json")
+    model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    optim_sd = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
+    optim_sd.update({k: tuple(v) if k.endswith(".betas") else v for k, v in groups.items()})
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                   options=StateDictOptions(flatten_optimizer_state_dict=True))
+    state = _read_json(path / "trainer_state.json")
+    trainer.load_state_dict(state)
+    rng_file = path / "rng" / f"rank-{_rank()}.json"
+    if rng_file.exists():
+        set_rng_state(_read_json(rng_file))

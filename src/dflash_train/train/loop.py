@@ -1,0 +1,98 @@
+"""A whole training job: build, resume, train, checkpoint, evaluate, summarize.
+
+The parallel layer (``dflash_train.dist``) calls ``train`` with its rank info and a
+wrapped model; everything else is the same in one process and in many.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from dflash_train.config import JobConfig
+from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dflash_train.train.trainer import RankInfo, Trainer
+
+
+class PeriodicSaver:
+    """Save every N steps and/or every M minutes (checked after each step)."""
+
+    def __init__(self, every_steps: int, every_minutes: float):
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60
+        self.last = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        by_steps = self.every_steps > 0 and step % self.every_steps == 0
+        by_time = self.every_seconds > 0 and time.monotonic() - self.last >= self.every_seconds
+        return by_steps or by_time
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
+
+
+def write_run_config(trainer: Trainer) -> None:
+    if not trainer.ranks.is_main:
+        return
+    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = {**trainer.cfg.to_dict(), "drafter_resolved": trainer.drafter_cfg.to_dict()}
+    (trainer.run_dir / "config.json").write_text(json.dumps(resolved, indent=1))
+
+
+def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None, echo=print) -> dict:
+    """Run one training job and return its summary (also written to ``summary.json``).
+
+    ``wrap(trainer)`` lets the parallel layer wrap ``trainer.model`` (DDP, compile)
+    after the drafter exists and before any checkpoint is loaded.
+    """
+    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo)
+    if wrap is not None:
+        wrap(trainer)
+    write_run_config(trainer)
+    resume = resolve_resume(cfg.train.resume, trainer.run_dir)
+    if resume is not None:
+        load_checkpoint(trainer, resume)
+        trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
+    evaluator = make_evaluator(trainer)
+    summary = {}
+    if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
+        summary["tau_before"] = evaluator(trainer)
+    saver = PeriodicSaver(cfg.train.save_every_steps, cfg.train.save_every_minutes)
+
+    def on_step_end(t: Trainer) -> None:
+        if saver.due(t.counters.step) and t.counters.step < t.total_steps:
+            save_checkpoint(t)
+            saver.saved()
+        if evaluator is not None and cfg.eval.every and t.counters.step % cfg.eval.every == 0:
+            evaluator(t)
+
+    result = trainer.run(on_step_end)
+    final = save_checkpoint(trainer)
+    summary.update(_curve_summary(result["history"]))
+    summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
+    if evaluator is not None and not result["stopped_early"]:
+        summary["tau_after"] = evaluator(trainer)
+    if trainer.ranks.is_main:
+        (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _curve_summary(history: list[dict]) -> dict:
+    if not history:
+        return {}
+    first, last = history[0], history[-1]
+    out = {"first_loss": first["loss"], "last_loss": last["loss"]}
+    if "expected_acceptance" in first:
+        out["first_expected_acceptance"] = first["expected_acceptance"]
+        out["last_expected_acceptance"] = last["expected_acceptance"]
+    return out
+
+
+def make_evaluator(trainer: Trainer):
+    """Held-out speculative decoding (real tau), logged next to the training metrics."""
+    if not trainer.cfg.eval.prompts:
+        return None
+    from dflash_train.train.heldout import HeldoutEvaluator
+
+    return HeldoutEvaluator(trainer)

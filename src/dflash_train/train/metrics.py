@@ -1,0 +1,98 @@
+"""Training metrics: device-side accumulation, then console, TensorBoard and JSON lines.
+
+The hot loop only adds tensors on the device; the one host sync happens when a
+logging window closes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from dflash_train.objective.blocks import expected_acceptance_from_accuracy
+from dflash_train.objective.loss import AcceptanceStats
+
+
+class MetricWindow:
+    """Sums of loss pieces and acceptance counters since the last log line."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = None
+        self.steps = 0
+        self.stats: AcceptanceStats | None = None
+        self.tokens = 0
+        self.started = time.perf_counter()
+
+    def add_step(self, loss: torch.Tensor, stats: list[AcceptanceStats], context_tokens: int) -> None:
+        self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
+        self.steps += 1
+        self.tokens += context_tokens
+        for s in stats:
+            if self.stats is None:
+                self.stats = AcceptanceStats(*(t.clone() for t in vars(s).values()))
+            else:
+                for name, value in vars(s).items():
+                    setattr(self.stats, name, getattr(self.stats, name) + value)
+
+    def summary(self) -> dict[str, float]:
+        """Host values (one sync): loss, per-position accuracy, expected acceptance, tokens/s."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        out = {"loss": float(self.loss_sum) / max(self.steps, 1), "tokens_per_s": self.tokens / elapsed}
+        if self.stats is not None:
+            valid = self.stats.valid_per_position.clamp(min=1)
+            accuracy = (self.stats.correct_per_position / valid).tolist()
+            accuracy = [a if v > 0 else math.nan for a, v in zip(accuracy, self.stats.valid_per_position.tolist())]
+            out["accuracy"] = accuracy
+            out["acc_pos1"] = accuracy[0]
+            out["expected_acceptance"] = float(self.stats.accepted_sum / self.stats.blocks.clamp(min=1))
+            out["expected_acceptance_from_accuracy"] = expected_acceptance_from_accuracy(accuracy)
+        return out
+
+
+class MetricLogger:
+    """Writes every record to ``metrics.jsonl`` and TensorBoard, and a short console line."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self.writer = None
+        if enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, step: int, record: dict, echo=print) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **record}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if isinstance(value, int | float) and key != "step" and math.isfinite(value):
+                    self.writer.add_scalar(key, value, step)
+            for k, acc in enumerate(record.get("accuracy", []), start=1):
+                if math.isfinite(acc):
+                    self.writer.add_scalar(f"accuracy/pos{k}", acc, step)
+            self.writer.flush()
+        echo(format_record(record))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def format_record(record: dict) -> str:
+    parts = [f"step {record['step']}"]
+    for key, fmt in (("loss", ".4f"), ("acc_pos1", ".3f"), ("expected_acceptance", ".3f"), ("tau", ".3f"),
+                     ("lr", ".2e"), ("tokens_per_s", ".0f")):
+        if key in record and isinstance(record[key], int | float):
+            parts.append(f"{key} {record[key]:{fmt}}")
+    return " | ".join(parts)
