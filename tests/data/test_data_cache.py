@@ -79,3 +79,11 @@ def test_strict_and_config_errors(tmp_path, chatml_tok):
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
         load_tokenized(cfg(tmp_path), tok, block_size=4)
+
+
+def test_validate_budget_against_padded_max_length():
+    DataConfig(paths=["x"], max_length=1000, token_budget=1024).validate()
+    with pytest.raises(ValueError, match="data.token_budget"):
+        DataConfig(paths=["x"], max_length=1000, token_budget=1000).validate()
+    with pytest.raises(ValueError, match="data.max_length"):
+        DataConfig(paths=["x"], max_length=0).validate()

@@ -134,3 +134,13 @@ def test_random_malformed_records_never_crash(tmp_path, request, fixture, lines)
     nonblank = sum(1 for s in lines if s.encode().strip())  # the reader skips ASCII-blank lines
     assert report.read == nonblank == report.kept + report.total_skipped and report.kept == len(rows)
     assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["length"] for r in rows)
+
+
+def test_malformed_json_file(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('[{"messages": ')
+    records, report = read([path])
+    assert records == [] and report.skipped == {"malformed_json": 1}
+    (tmp_path / "bad.json").write_text(json.dumps([OPENAI, {"messages": [{"role": "user"}]}]))
+    with pytest.raises(DataError, match=r"bad.json:2: field 'messages\[0\].content'"):
+        read([path], strict=True)

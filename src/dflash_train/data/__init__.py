@@ -26,6 +26,9 @@ __all__ = ["BatchIterator", "BatchPlan", "DataConfig", "DataError", "MicroBatch"
 
 @dataclass
 class DataConfig:
+    """The ``data:`` section of a job config; ``paths`` defaults to empty so a JobConfig can be built
+    before it is filled in, and ``validate()`` then insists on it."""
+
     paths: list[str] = field(default_factory=list)
     max_length: int = 2048
     supervise: str = "all"  # or "last"
@@ -49,9 +52,10 @@ class DataConfig:
         mst = self.min_supervised_tokens
         if mst is not None and (not isinstance(mst, int) or isinstance(mst, bool) or mst < 0):
             raise ValueError(f"data.min_supervised_tokens: expected a non-negative integer or null, got {mst!r}")
-        if self.token_budget < self.max_length:
-            raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length "
-                             f"({self.max_length}) so the longest example fits one micro-batch")
+        padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
+        if self.token_budget < padded:
+            raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "
+                             f"data.pad_to_multiple ({padded}) so the longest example fits one micro-batch")
 
     def to_dict(self) -> dict:
         return asdict(self)
