@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 COMPLETE = "COMPLETE"
@@ -211,7 +212,7 @@ def load_checkpoint(trainer, path: Path) -> None:
     tensors, _ = _split_state(trainer.model, trainer.optimizer)
     try:
         dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")))
-    except Exception as err:  # noqa: BLE001 - any reader failure means a damaged checkpoint
+    except (Exception, CheckpointException) as err:  # noqa: BLE001 - any reader failure: a damaged checkpoint
         raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {type(err).__name__}: {err}") from err
     groups = _read_json(path / "optim_groups.json")
     model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}

@@ -54,6 +54,7 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     if resume is not None:
         load_checkpoint(trainer, resume)
         trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
+    trainer.open_logger()
     evaluator = make_evaluator(trainer)
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
@@ -73,6 +74,7 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
     if evaluator is not None and not result["stopped_early"]:
         summary["tau_after"] = evaluator(trainer)
+    trainer.logger.close()
     if trainer.ranks.is_main:
         (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -79,12 +79,15 @@ class Trainer:
         self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
         if cfg.train.init_from:
             self._warm_start(cfg.train.init_from)
+        else:
+            self._init_output_norm()
         self.opts = self._objective_options()
         self._build_data()
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, fused=self.device.type == "cuda")
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.counters = Counters()
         self.stop_requested = False
+        self.logger: MetricLogger | None = None
         self.model = self.drafter  # what forward calls: wrapped by DDP / compile in the parallel layer
 
     # -- set-up ----------------------------------------------------------------------------
@@ -98,6 +101,15 @@ class Trainer:
         self.echo(f"drafter: {resolved.num_hidden_layers} layers, block {resolved.block_size}, target layers "
                   f"{resolved.target_layer_ids}, mask token {resolved.mask_token_id} ({reason})")
         return resolved
+
+    def _init_output_norm(self) -> None:
+        """Start the drafter's final norm at the target's: the frozen lm_head then sees
+        hidden states at the scale it was trained on, instead of logits ~10x too large
+        (an initial loss of ~22 nats instead of ~ln(vocab))."""
+        weight = self.target.final_norm_weight
+        if weight is not None and weight.shape == self.drafter.norm.weight.shape:
+            with torch.no_grad():
+                self.drafter.norm.weight.copy_(weight.float())
 
     def _warm_start(self, folder: str) -> None:
         from dflash_train.export.serving import load_drafter_folder
@@ -202,7 +214,7 @@ class Trainer:
         """Train to ``total_steps``. ``on_step_end(trainer)`` runs after every step
         (checkpointing, evaluation); SIGTERM/SIGINT finish the step and stop."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
+        logger = self.open_logger()
         window = MetricWindow()
         bar = self._progress_bar()
         history = []
@@ -225,8 +237,13 @@ class Trainer:
                     on_step_end(self)
         if bar is not None:
             bar.close()
-        logger.close()
         return {"history": history, "steps": self.counters.step, "stopped_early": self.stop_requested}
+
+    def open_logger(self) -> MetricLogger:
+        if self.logger is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
+        return self.logger
 
     def _count(self, micro_batches: list[MicroBatch]) -> None:
         self.counters.step += 1

@@ -1,0 +1,43 @@
+"""Real acceptance length on held-out prompts, measured during training.
+
+Training accuracy can look fine while serving acceptance is near 1 (shifted labels,
+a leaky mask); so every ``eval.every`` steps, and before and after training, the
+trainer decodes a few held-out prompts with the drafter and the target together and
+logs tau next to the loss. Only rank 0 evaluates; the others wait at a barrier.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from dflash_train.eval.evaluate import evaluate
+from dflash_train.eval.prompts import encode_prompts, read_prompts
+from dflash_train.recipes.offline_data import heldout_prompts_path
+
+
+class HeldoutEvaluator:
+    def __init__(self, trainer):
+        cfg = trainer.cfg.eval
+        path = heldout_prompts_path() if cfg.prompts == "heldout" else cfg.prompts
+        prompts = read_prompts(path, limit=cfg.num_prompts)
+        self.prompt_ids = encode_prompts(trainer.target.tokenizer, prompts)
+        self.max_new_tokens = cfg.max_new_tokens
+        self.source = str(path)
+        self.history: list[dict] = []
+
+    def __call__(self, trainer) -> float | None:
+        """Mean tau (greedy) at the trainer's current step; None on non-main ranks."""
+        tau = None
+        if trainer.ranks.is_main:
+            report = evaluate(trainer.target, trainer.drafter, self.prompt_ids, max_new_tokens=self.max_new_tokens,
+                              baseline=False, lossless_check=False, warmup=False)
+            tau = report["mean_tau"]
+            record = {"step": trainer.counters.step, "tau": tau,
+                      "per_position_acceptance": report["per_position_acceptance"]}
+            self.history.append(record)
+            trainer.echo(f"step {trainer.counters.step} | held-out tau {tau:.3f} on {len(self.prompt_ids)} prompts")
+            if trainer.logger is not None:
+                trainer.logger.log(trainer.counters.step, {"tau": tau}, echo=lambda *_: None)
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        return tau

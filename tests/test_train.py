@@ -1,0 +1,223 @@
+"""Single-process training: it learns, it is deterministic, it logs, it resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_train.config import config_from_dict, load_config
+from dflash_train.models.target import Target
+from dflash_train.testing import tiny_qwen3
+from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint
+from dflash_train.train.loop import train
+
+REPO = Path(__file__).resolve().parents[1]
+SMOLLM2 = REPO / "assets" / "smollm2"
+WORDS = "the cat sat on a mat and looked at the big red dog while it ran around the green park".split()
+
+
+def write_chat_data(path: Path, n: int = 48) -> Path:
+    """Repetitive assistant text: a drafter can learn it fast, so the loss must fall."""
+    lines = []
+    for i in range(n):
+        answer = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(40 + i % 7))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": f"Tell me story {i}."},
+                                              {"role": "assistant", "content": answer}]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_target() -> Target:
+    from transformers import AutoTokenizer
+
+    model = tiny_qwen3(num_layers=6, hidden=64, vocab=49152, tie=True)
+    with torch.no_grad():  # HF's init (std 0.02) gives near-uniform logits; real models are sharper
+        model.get_input_embeddings().weight.normal_(0.0, 0.5)
+    return Target(model, AutoTokenizer.from_pretrained(SMOLLM2))
+
+
+def job(tmp_path: Path, **train_overrides) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = write_chat_data(tmp_path / "train.jsonl")
+    return {
+        "target": {"path": "unused-when-passed-in", "dtype": "float32"},
+        "drafter": {"num_hidden_layers": 1, "block_size": 4, "num_target_features": 2},
+        "data": {"paths": [str(data)], "max_length": 128, "token_budget": 256, "pad_to_multiple": 32,
+                 "cache_dir": str(tmp_path / "cache")},
+        "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
+        "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
+                  "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
+    }
+
+
+def losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+def test_training_learns_logs_and_is_deterministic(tmp_path):
+    cfg = config_from_dict(job(tmp_path / "a", max_steps=24))
+    summary = train(cfg, target=tiny_target(), echo=lambda *a: None)
+    run = tmp_path / "a" / "run"
+    curve = losses(run)
+    assert len(curve) == 24 and summary["steps"] == 24
+    assert sum(curve[-4:]) / 4 < 0.8 * sum(curve[:4]) / 4, curve
+    assert summary["last_expected_acceptance"] > summary["first_expected_acceptance"]
+    assert (run / "config.json").exists() and any((run / "tensorboard").iterdir())
+    record = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"loss", "accuracy", "expected_acceptance", "lr", "tokens_per_s"} <= set(record)
+    resolved = json.loads((run / "config.json").read_text())["drafter_resolved"]
+    assert resolved["mask_token_id"] is not None and len(resolved["target_layer_ids"]) == 2
+    train(config_from_dict(job(tmp_path / "b", max_steps=24)), target=tiny_target(), echo=lambda *a: None)
+    assert losses(tmp_path / "b" / "run") == curve  # seeded and deterministic on CPU
+
+
+def test_exact_resume_mid_epoch(tmp_path):
+    """N steps + stop + resume for N more == 2N uninterrupted steps (per-step losses)."""
+    full_dir, split_dir = tmp_path / "full", tmp_path / "split"
+    train(config_from_dict(job(full_dir, max_steps=10)), target=tiny_target(), echo=lambda *a: None)
+    reference = losses(full_dir / "run")
+    first = job(split_dir, max_steps=10)
+    trainer_cfg = config_from_dict(first)
+    # stop after 5 steps the way a SIGTERM would: the loop saves and ends early
+    from dflash_train.train import trainer as trainer_mod
+
+    original_run = trainer_mod.Trainer.run
+
+    def run_five(self, on_step_end=None):
+        def hook(t):
+            if on_step_end:
+                on_step_end(t)
+            if t.counters.step == 5:
+                t.stop_requested = True
+        return original_run(self, hook)
+
+    trainer_mod.Trainer.run = run_five
+    try:
+        train(trainer_cfg, target=tiny_target(), echo=lambda *a: None)
+    finally:
+        trainer_mod.Trainer.run = original_run
+    assert latest_checkpoint(split_dir / "run").name.endswith("05")
+    resumed = config_from_dict({**first, "train": {**first["train"], "resume": "auto"}})
+    train(resumed, target=tiny_target(), echo=lambda *a: None)
+    got = losses(split_dir / "run")
+    assert len(got) == 10
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=1e-5, atol=1e-6)
+
+
+def test_resume_refuses_a_different_drafter(tmp_path):
+    train(config_from_dict(job(tmp_path, max_steps=2)), target=tiny_target(), echo=lambda *a: None)
+    other = job(tmp_path, max_steps=4, resume="auto")
+    other["drafter"]["num_hidden_layers"] = 2
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        train(config_from_dict(other), target=tiny_target(), echo=lambda *a: None)
+
+
+def test_config_errors_say_what_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="unknown key"):
+        config_from_dict({"train": {"max_stepz": 3}})
+    with pytest.raises(ValueError, match="unknown config section"):
+        config_from_dict({"trian": {}})
+    with pytest.raises(ValueError, match="override"):
+        load_config("cpu-demo", ["max_steps=3"])
+    with pytest.raises(ValueError, match="anchors"):
+        load_config("cpu-demo", ["train.anchors=sometimes"])
+    with pytest.raises(ValueError, match="flex"):
+        load_config("cpu-demo", ["train.attention=flex"])
+    for recipe in ("cpu-demo", "smollm2-1gpu", "qwen3-8b"):
+        assert load_config(recipe).drafter.num_hidden_layers >= 1
+
+
+SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from test_train import job, tiny_target
+from dflash_train.config import config_from_dict
+from dflash_train.train import checkpoint
+from dflash_train.train.loop import train
+from pathlib import Path
+mode = sys.argv[1]
+cfg = job(Path({tmp!r}), max_steps=400, save_every_steps=3, keep_last=5)
+if mode == "slow-save":
+    original = checkpoint.save_file
+    calls = []
+    def slow(*a, **k):
+        calls.append(1)
+        original(*a, **k)
+        if len(calls) == 2:
+            print("SAVING", flush=True)
+            time.sleep(60)
+    checkpoint.save_file = slow
+def echo(*a):
+    print(*a, flush=True)
+train(config_from_dict(cfg), target=tiny_target(), echo=echo)
+print("EXITED", flush=True)
+"""
+
+
+def _spawn(tmp_path: Path, mode: str) -> subprocess.Popen:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(tests=str(REPO / "tests"), tmp=str(tmp_path)))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+
+
+def _wait_for(proc: subprocess.Popen, marker: str, timeout: float = 120) -> str:
+    seen, deadline = [], time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    proc.kill()
+    raise AssertionError(f"never saw {marker!r}:\n" + "".join(seen[-30:]))
+
+
+def test_sigterm_finishes_the_step_saves_and_exits_zero(tmp_path):
+    proc = _spawn(tmp_path, "plain")
+    _wait_for(proc, "step 4 |")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "EXITED" in out
+    newest = latest_checkpoint(tmp_path / "run")
+    state = json.loads((newest / "trainer_state.json").read_text())
+    assert state["counters"]["step"] >= 4 and newest.name.endswith(f"{state['counters']['step']:08d}")
+
+
+def test_sigkill_while_saving_leaves_previous_checkpoint(tmp_path):
+    proc = _spawn(tmp_path, "slow-save")
+    _wait_for(proc, "SAVING")  # the second save (step 6) is half written
+    proc.kill()
+    proc.wait()
+    run = tmp_path / "run"
+    assert [p.name for p in complete_checkpoints(run)] == ["step-00000003"]
+    assert (run / "checkpoints" / "step-00000006.tmp").exists()
+    cfg = job(tmp_path, max_steps=5, resume="auto")
+    summary = train(config_from_dict(cfg), target=tiny_target(), echo=lambda *a: None)
+    assert summary["steps"] == 5  # resumed at 3, trained 2 more
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    train(config_from_dict(job(tmp_path, max_steps=2)), target=tiny_target(), echo=lambda *a: None)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    shard = next((ckpt / "state").glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt"):
+        train(config_from_dict(job(tmp_path, max_steps=4, resume=str(ckpt))), target=tiny_target(),
+              echo=lambda *a: None)
+    (ckpt / "trainer_state.json").write_text("{not json")
+    with pytest.raises(ValueError, match="trainer_state.json"):
+        train(config_from_dict(job(tmp_path, max_steps=4, resume=str(ckpt))), target=tiny_target(),
+              echo=lambda *a: None)
