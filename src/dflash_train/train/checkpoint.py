@@ -213,7 +213,8 @@ def load_checkpoint(trainer, path: Path) -> None:
     try:
         dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")))
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - any reader failure: a damaged checkpoint
-        raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {type(err).__name__}: {err}") from err
+        reason = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
+        raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {reason[0].strip()}") from None
     groups = _read_json(path / "optim_groups.json")
     model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
     optim_sd = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
