@@ -89,6 +89,9 @@ class Trainer:
         self.stop_requested = False
         self.logger: MetricLogger | None = None
         self.model = self.drafter  # what forward calls: wrapped by DDP / compile in the parallel layer
+        # Where context features come from: the local target (colocated) by default; the
+        # disaggregated layer swaps in a receiver fed by target ranks.
+        self.feature_source = self.local_features
 
     # -- set-up ----------------------------------------------------------------------------
     def _resolve_drafter(self):
@@ -166,6 +169,9 @@ class Trainer:
         blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts)
         return input_ids, mb.attention_mask.to(**to), blocks
 
+    def local_features(self, micro_batch: MicroBatch, input_ids, attention_mask) -> torch.Tensor:
+        return self.target.features(input_ids, attention_mask, self.drafter_cfg.target_layer_ids)
+
     def global_weight(self, prepared) -> torch.Tensor:
         total = sum(blocks.weights.sum() for _, _, blocks in prepared)
         if self.ranks.world > 1:
@@ -180,7 +186,7 @@ class Trainer:
         step_loss = torch.zeros((), device=self.device)
         stats = []
         for index, (input_ids, attention_mask, blocks) in enumerate(prepared):
-            features = self.target.features(input_ids, attention_mask, self.drafter_cfg.target_layer_ids)
+            features = self.feature_source(micro_batches[index], input_ids, attention_mask)
             with autocast, self._no_sync(index < len(prepared) - 1):
                 out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, features,
                                    blocks, self.opts)
