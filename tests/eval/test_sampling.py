@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import torch
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 from dflash_train.eval.speculative import speculative_accept, speculative_generate, warp
 from dflash_train.models.target import Target
+from dflash_train.testing import tiny_drafter, tiny_qwen3
 
-# chi-square critical values at significance 1e-4 (df = categories - 1)
-CHI2_CRIT = {3: 21.1, 7: 29.9}
+# chi-square critical values at significance 1e-4 by degrees of freedom
+CHI2_CRIT = {1: 15.14, 2: 18.42, 3: 21.11, 4: 23.51, 5: 25.74, 6: 27.86, 7: 29.88}
 
 
-def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    expected = probs * counts.sum()
-    keep = expected > 0
-    assert counts[~keep].sum() == 0, "a token with zero target probability was produced"
-    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+def chi2_excess(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square over the critical value at 1e-4 (> 0 means "reject"); categories
+    expected fewer than 5 times are pooled into one bin."""
+    expected = probs.double() * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts.double()[big], counts.double()[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if exp[-1] < 5:  # merge the leftover bin into the smallest big one
+        obs, exp = obs[:-1].clone(), exp[:-1].clone()
+        j = int(exp.argmin())
+        obs[j] += counts.double()[~big].sum()
+        exp[j] += expected[~big].sum()
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat - CHI2_CRIT[len(exp) - 1]
 
 
 P = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.1, 0.2, 0.6], [0.25, 0.25, 0.25, 0.25]])
@@ -41,10 +50,10 @@ def draw(rule, n=20000, seed=0):
 def test_accept_rule_preserves_target_distribution():
     first, second = draw(speculative_accept)
     # first committed token ~ p_0; given d_1 accepted, the second ~ p_1
-    assert chi2(torch.bincount(first, minlength=4).float(), P[0]) < CHI2_CRIT[3]
+    assert chi2_excess(torch.bincount(first, minlength=4).float(), P[0]) < 0
     cond = second[second >= 0]
     assert len(cond) > 3000
-    assert chi2(torch.bincount(cond, minlength=4).float(), P[1]) < CHI2_CRIT[3]
+    assert chi2_excess(torch.bincount(cond, minlength=4).float(), P[1]) < 0
     # acceptance rate of d_1 is sum(min(p, q))
     assert abs(len(cond) / len(second) - float(torch.minimum(P[0], Q[0]).sum())) < 0.02
 
@@ -62,7 +71,7 @@ def test_accept_rule_test_has_power():
 
     for rule in (resample_from_p, always_accept):
         first, _ = draw(rule, n=5000)
-        assert chi2(torch.bincount(first, minlength=4).float(), P[0]) > CHI2_CRIT[3]
+        assert chi2_excess(torch.bincount(first, minlength=4).float(), P[0]) > 0
 
 
 def test_residual_when_q_dominates_everywhere():
@@ -102,7 +111,7 @@ def test_end_to_end_sampling_matches_target():
     marg3 = (joint12[:, :, None] * p3).sum((0, 1))
     assert float(marg2.max()) < 0.9 and float(marg3.max()) < 0.9  # non-trivial distributions
 
-    n = 1500
+    n = 800
     counts2, counts3, taus = torch.zeros(vocab), torch.zeros(vocab), []
     gen = torch.Generator().manual_seed(0)
     for _ in range(n):
@@ -110,6 +119,6 @@ def test_end_to_end_sampling_matches_target():
         counts2[out.tokens[1]] += 1
         counts3[out.tokens[2]] += 1
         taus.append(out.acceptance_lengths[0])
-    assert chi2(counts2, marg2) < CHI2_CRIT[7]
-    assert chi2(counts3, marg3) < CHI2_CRIT[7]
+    assert chi2_excess(counts2, marg2) < 0
+    assert chi2_excess(counts3, marg3) < 0
     assert len(set(taus)) > 1  # both the accept and the reject paths were taken

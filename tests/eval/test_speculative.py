@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 from dflash_train.eval.speculative import (
     DFlashProposer,
@@ -17,6 +16,7 @@ from dflash_train.eval.speculative import (
 )
 from dflash_train.models.attention import build_masks
 from dflash_train.models.target import Target
+from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 VOCAB = 128
 
