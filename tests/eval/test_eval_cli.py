@@ -1,0 +1,118 @@
+"""``dflash-train eval`` end to end on a tiny model folder, prompt reading, lossless verdicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SMOLLM2, tiny_drafter, tiny_qwen3
+from serving_helpers import write_serving_folder
+
+from dflash_train.cli import main
+from dflash_train.eval.evaluate import compare_greedy, evaluate, format_table
+from dflash_train.eval.prompts import read_prompts, record_prompt
+from dflash_train.eval.speculative import GenResult
+from dflash_train.models.target import Target
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("eval_cli")
+    model = tiny_qwen3(hidden=32, vocab=49152, tie=True)
+    model.save_pretrained(root / "target")
+    AutoTokenizer.from_pretrained(SMOLLM2).save_pretrained(root / "target")
+    target = Target(model)
+    drafter, cfg = tiny_drafter(target, num_layers=2, block_size=4)
+    write_serving_folder(drafter, cfg, root / "drafter")
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"messages": [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4"}]},
+        {"conversations": [{"from": "human", "value": "Name a colour."}, {"from": "gpt", "value": "Red."}]},
+        {"prompt": "Say hello."},
+    ]) + "\n")
+    (root / "prompts.txt").write_text("Count to three.\n\nWrite a haiku.\n")
+    return root
+
+
+@pytest.mark.parametrize("prompts", ["prompts.jsonl", "prompts.txt"])
+def test_eval_cli_end_to_end(folders, tmp_path, capsys, prompts):
+    out = tmp_path / "out"
+    rc = main(["eval", "--target", str(folders / "target"), "--drafter", str(folders / "drafter"),
+               "--prompts", str(folders / prompts), "--max-new-tokens", "12", "--device", "cpu",
+               "--dtype", "float32", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert (out / "eval.png").stat().st_size > 1000
+    assert report["num_prompts"] == (3 if prompts.endswith("jsonl") else 2)
+    assert report["lossless"] == {**report["lossless"], "checked": True, "ok": True, "failed_prompts": []}
+    assert report["block_size"] == 4 and report["mean_tau"] >= 1.0
+    assert len(report["tau_per_prompt"]) == report["num_prompts"]
+    assert sum(report["acceptance_histogram"].values()) == report["num_verify_steps"]
+    assert report["speedup"] > 0 and report["target_decode_tokens_per_s"] > 0
+    assert "mean tau" in capsys.readouterr().out
+
+
+def test_eval_cli_reports_lossless_failure(folders, tmp_path, monkeypatch, capsys):
+    import dflash_train.eval.evaluate as ev
+
+    real = ev.speculative_generate
+
+    def broken(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.tokens[3] = (result.tokens[3] + 1) % 49152
+        return result
+
+    monkeypatch.setattr(ev, "speculative_generate", broken)
+    rc = main(["eval", "--target", str(folders / "target"), "--drafter", str(folders / "drafter"),
+               "--prompts", str(folders / "prompts.txt"), "--max-new-tokens", "8", "--device", "cpu",
+               "--limit", "1", "--out", str(tmp_path / "o")])
+    assert rc == 1
+    assert "LOSSLESS CHECK FAILED on prompt 0" in capsys.readouterr().err
+    report = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert report["lossless"]["ok"] is False and report["lossless"]["per_prompt"][0]["diverged_at"] == 3
+
+
+def test_evaluate_api_cheap_mode(folders):
+    target = Target(tiny_qwen3(hidden=32, vocab=49152, tie=True))
+    drafter, _ = tiny_drafter(target, num_layers=2, block_size=4)
+    drafter.train()
+    report = evaluate(target, drafter, [[1, 2, 3], torch.tensor([4, 5])], max_new_tokens=6, baseline=False,
+                      block_size=3)
+    assert drafter.training  # mode restored
+    assert report["lossless"] == {"checked": False, "ok": None} and "speedup" not in report
+    assert report["block_size"] == 3 and len(report["per_position_acceptance"]) == 2
+    assert "mean tau" in format_table(report)
+
+
+def test_compare_greedy_tolerance():
+    plain = GenResult([5, 6, 7], topk_values=torch.tensor([[9.0, 1.0], [4.0, 3.8], [2.0, 1.0]]),
+                      topk_ids=torch.tensor([[5, 1], [6, 9], [7, 1]]))
+    assert compare_greedy([5, 6, 7], plain, 0.0)["ok"]
+    near_tie = compare_greedy([5, 9, 3], plain, 0.5)
+    assert near_tie["ok"] and near_tie["diverged_at"] == 1 and near_tie["top2_gap"] == pytest.approx(0.2)
+    assert not compare_greedy([5, 9, 3], plain, 0.0)["ok"]  # float32: no tolerance
+    assert not compare_greedy([5, 9, 3], plain, 0.1)["ok"]
+    assert not compare_greedy([1, 6, 7], plain, 0.5)["ok"]  # a gap of 8 logits is a real error
+    assert not compare_greedy([5, 4, 7], plain, 0.5)["ok"]  # not even in the plain top-k
+    assert not compare_greedy([5, 6], plain, 0.5)["ok"]  # stopped early
+
+
+def test_prompt_extraction(tmp_path):
+    conv = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+                         {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+                         {"role": "assistant", "content": "d"}]}
+    assert [m["content"] for m in record_prompt(conv, "x")] == ["s", "a", "b", "c"]
+    assert record_prompt({"prompt": "hi"}, "x") == [{"role": "user", "content": "hi"}]
+    sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "r"}], "system": "S"}
+    assert record_prompt(sharegpt, "x") == [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]
+    with pytest.raises(ValueError, match="no 'messages'"):
+        record_prompt({"text": "x"}, "f:1")
+    with pytest.raises(ValueError, match="empty"):
+        record_prompt({"messages": [{"role": "assistant", "content": "x"}]}, "f:1")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{oops\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        read_prompts(bad)
+    assert len(read_prompts(bad, limit=1)) == 1
