@@ -21,7 +21,7 @@ from dflash_train.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / "assets" / "smollm2"
-WORDS = "the cat sat on a mat and looked at the big red dog while it ran around the green park".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "the", "big", "red", "dog", "while", "it", "ran", "around", "the", "green", "park"]
 
 
 def write_chat_data(path: Path, n: int = 48) -> Path:

@@ -101,12 +101,13 @@ class DrafterConfig:
                         f"drafter.target_layer_ids {out} out of range for a target with "
                         f"{self.num_target_layers} layers (valid: 0..{self.num_target_layers - 1})"
                     )
-        if self.mask_token_id is not None and self.vocab_size is not None:
-            if not 0 <= self.mask_token_id < self.vocab_size:
-                raise ValueError(
-                    f"drafter.mask_token_id {self.mask_token_id} has no row in the target's embedding "
-                    f"table of {self.vocab_size} rows"
-                )
+        if self.mask_token_id is not None and self.vocab_size is not None and not (
+            0 <= self.mask_token_id < self.vocab_size
+        ):
+            raise ValueError(
+                f"drafter.mask_token_id {self.mask_token_id} has no row in the target's embedding "
+                f"table of {self.vocab_size} rows"
+            )
 
     @property
     def is_resolved(self) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 from dflash_train.config import JobConfig
 from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint

@@ -10,9 +10,9 @@ gradient, only the float summation order.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import build_optimizer, build_scheduler
+from dflash_train.train.parallelize import parallelize_drafter
 
 
 def resolve_device(name: str) -> torch.device:
@@ -82,6 +83,8 @@ class Trainer:
         else:
             self._init_output_norm()
         self.opts = self._objective_options()
+        parallelize_drafter(self.drafter, cfg.train.activation_checkpointing,
+                            compile=cfg.train.compile and self.device.type == "cuda")
         self._build_data()
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, fused=self.device.type == "cuda")
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
@@ -200,8 +203,6 @@ class Trainer:
         return step_loss, stats, grad_norm
 
     def _no_sync(self, skip: bool):
-        import contextlib
-
         if skip and hasattr(self.model, "no_sync"):
             return self.model.no_sync()
         return contextlib.nullcontext()
@@ -295,11 +296,8 @@ class _stop_on_signals:
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers
                 self.previous[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread
-                pass
-        self.started = time.time()
         return self
 
     def __exit__(self, *exc):
