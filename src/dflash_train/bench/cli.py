@@ -1,0 +1,70 @@
+"""``dflash-train bench``: time training steps of one configuration, print one JSON object.
+
+Reference configuration (H200): ``dflash-train bench --target-config qwen3-8b`` (a
+random-weight Qwen3-8B-shaped target in bf16, 5-layer drafter, B=16, 512 anchors,
+3072 tokens, flex attention, compiled drafter layers). See ``bench/run.py`` for what
+is timed and how, and ``bench/flops.py`` for the FLOP model behind MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark training steps on synthetic data (one JSON object on stdout)")
+    p.add_argument("--target-config", default="qwen3-8b",
+                   help="qwen3-8b (random Qwen3-8B-shaped target, the reference), tiny (CPU CI) or a HF model folder")
+    p.add_argument("--drafter-layers", type=int, default=5)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--target-layer-ids", type=_layer_ids, default=None,
+                   help="comma-separated, e.g. 1,9,17,25,33 (default: the spec's rule)")
+    p.add_argument("--num-anchors", type=int, default=None, help="default 512 (8 for tiny)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence; default 3072 (128 for tiny)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch (one micro-batch per step)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (the first carries compilation)")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help="steps of the separate synchronized pass that times each phase (default min(steps, 3))")
+    p.add_argument("--attention", choices=["flex", "sdpa", "auto"], default="auto")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the drafter layers (default: on CUDA only)")
+    p.add_argument("--loss-chunk-size", type=int, default=4096)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="target weights and autocast dtype (auto: bf16 on CUDA)")
+    p.add_argument("--checkpoint-drafter", action="store_true",
+                   help="activation checkpointing (non-reentrant) of every drafter layer")
+    p.add_argument("--matmul-size", type=int, default=None, help="matmul ceiling size (default 8192 CUDA, 1024 CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="also write the JSON object to this file")
+    p.set_defaults(func=run_cli)
+
+
+def run_cli(args) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from dflash_train.bench.run import BenchConfig, run_bench
+
+    cfg = BenchConfig(
+        target_config=args.target_config, drafter_layers=args.drafter_layers, block_size=args.block_size,
+        target_layer_ids=args.target_layer_ids, num_anchors=args.num_anchors, seq_len=args.seq_len,
+        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
+        attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
+        dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
+    )
+    result = run_bench(cfg)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text, flush=True)
+    return 0
