@@ -6,7 +6,9 @@ same functions, in the same order): anchors sampled on the CPU
 ``Target.features`` (no grad, outside autocast), ``drafter_loss`` under bf16 autocast,
 ``backward``, ``acceptance_stats``, grad clipping, ``AdamW.step`` (fused on CUDA),
 the LR scheduler and ``zero_grad``. The Trainer itself is not constructed (it needs a
-dataset); if ``train_step`` changes, :func:`train_step` here must follow.
+dataset); if ``train_step`` changes, :func:`train_step` here must follow. The drafter is
+wrapped by the trainer's ``parallelize_drafter`` (activation checkpointing, then
+per-layer ``torch.compile``).
 
 Timing:
 
@@ -40,8 +42,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from dflash_train.bench.flops import Shape, step_flops
 from dflash_train.config import OptimConfig
@@ -52,6 +52,7 @@ from dflash_train.objective.blocks import default_gamma, sample_batch_anchors
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.train.optim import build_optimizer, build_scheduler
+from dflash_train.train.parallelize import parallelize_drafter
 
 QWEN3_8B_CONFIG = dict(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -147,21 +148,6 @@ def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
     return Target.load(name, dtype, device)
 
 
-class CheckpointedLayer(nn.Module):
-    """Activation checkpointing (non-reentrant) around one drafter layer.
-
-    Checkpoint sits OUTSIDE the (optionally compiled) layer, so Dynamo never traces
-    the checkpoint (spec 5: compiled flex under checkpointing crashes on a cold cache).
-    """
-
-    def __init__(self, layer: nn.Module):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, *args):
-        return checkpoint(self.layer, *args, use_reentrant=False)
-
-
 def build_drafter(target: Target, cfg: BenchConfig, device: torch.device):
     mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
     dcfg = resolve_drafter_config(
@@ -174,11 +160,8 @@ def build_drafter(target: Target, cfg: BenchConfig, device: torch.device):
     with torch.device(device):  # fp32 master weights, as the trainer
         drafter = DFlashDrafter(dcfg)
     drafter = drafter.to(device)
-    for i, layer in enumerate(drafter.layers):
-        if cfg.compile:
-            layer.compile(dynamic=False)
-        if cfg.checkpoint_drafter:
-            drafter.layers[i] = CheckpointedLayer(layer)
+    # the trainer's own wrapping: checkpoint-wrap each layer, then compile each wrapped layer
+    parallelize_drafter(drafter, cfg.checkpoint_drafter, compile=cfg.compile)
     return drafter, dcfg
 
 

@@ -1,0 +1,79 @@
+"""``dflash-train bench`` on the tiny CPU target: one JSON object with every field, sane values."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from dflash_train.cli import main  # noqa: E402
+
+FIELDS = {
+    "config", "device_name", "torch_version", "steps", "warmup", "step_time_s", "context_tokens_per_step",
+    "context_tokens_per_s", "drafted_positions_per_step", "drafted_positions_per_s", "flops_per_context_token",
+    "gflops_per_context_token_breakdown", "achieved_tflops", "matmul_ceiling_tflops", "matmul_ceiling", "mfu",
+    "phase_seconds", "profiled_step_s", "phase_timing", "peak_memory_gib", "peak_host_rss_gib", "build_s",
+    "first_step_s", "warmup_step_s", "recompiles_after_warmup", "dynamo_graphs_total", "last_loss",
+}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["bench", "--target-config", "tiny", "--steps", "2", "--warmup", "1", "--device", "cpu",
+                   "--out", str(out)])
+    assert rc == 0
+    printed = json.loads(stdout.getvalue())  # exactly one JSON object on stdout
+    assert json.loads(out.read_text()) == printed
+    return printed
+
+
+def test_every_field_present(result):
+    assert set(result) == FIELDS
+
+
+def test_sane_values(result):
+    cfg = result["config"]
+    assert cfg["seq_len"] == 128 and cfg["num_anchors"] == 8 and cfg["block_size"] == 16
+    assert cfg["attention"] == "sdpa" and cfg["compile"] is False and cfg["device"] == "cpu"
+    assert cfg["target_layer_ids"] == [1, 2, 3, 4, 5]  # the spec's rule for an 8-layer target
+    assert result["steps"] == 2 and result["warmup"] == 1
+    step = result["step_time_s"]
+    assert step > 0
+    assert result["context_tokens_per_step"] == 128
+    assert result["context_tokens_per_s"] == pytest.approx(128 / step)
+    assert result["drafted_positions_per_step"] == 8 * 16  # every block kept: the loss mask is nearly all ones
+    assert result["drafted_positions_per_s"] == pytest.approx(8 * 16 / step)
+    breakdown = result["gflops_per_context_token_breakdown"]
+    assert sum(breakdown.values()) * 1e9 == pytest.approx(result["flops_per_context_token"])
+    assert all(v > 0 for v in breakdown.values())
+    assert result["achieved_tflops"] == pytest.approx(result["flops_per_context_token"] * 128 / step / 1e12)
+    assert result["matmul_ceiling_tflops"] > 0 and "float32" in result["matmul_ceiling"]
+    assert result["mfu"] == pytest.approx(result["achieved_tflops"] / result["matmul_ceiling_tflops"])
+    assert 0 < result["mfu"] < 5  # a tiny model is far from the ceiling; no absurd values
+    phases = result["phase_seconds"]
+    assert set(phases) == {"prepare", "target_forward", "drafter_forward", "backward", "optimizer"}
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(result["profiled_step_s"])
+    assert result["peak_memory_gib"] is None  # no CUDA here
+    assert result["peak_host_rss_gib"] > 0
+    assert result["first_step_s"] > 0 and len(result["warmup_step_s"]) == 1
+    assert result["recompiles_after_warmup"] == 0
+    assert math.isfinite(result["last_loss"]) and result["last_loss"] > 0
+
+
+def test_flex_on_cpu_is_refused(capsys):
+    rc = main(["bench", "--target-config", "tiny", "--steps", "1", "--warmup", "0", "--device", "cpu",
+               "--attention", "flex"])
+    assert rc == 2
+    assert "flex" in capsys.readouterr().err
