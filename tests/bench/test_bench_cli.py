@@ -77,3 +77,24 @@ def test_flex_on_cpu_is_refused(capsys):
                "--attention", "flex"])
     assert rc == 2
     assert "flex" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_flex_compiled_tiny(tmp_path):
+    """The CUDA path on the tiny target: flex BlockMask, compiled layers, checkpointing, no recompiles."""
+    import contextlib
+    import io
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["bench", "--target-config", "tiny", "--steps", "3", "--warmup", "2", "--device", "cuda",
+                   "--checkpoint-drafter", "--matmul-size", "2048"])
+    assert rc == 0
+    result = json.loads(stdout.getvalue())
+    assert result["config"]["attention"] == "flex" and result["config"]["compile"] is True
+    assert "bfloat16" in result["matmul_ceiling"]
+    assert result["peak_memory_gib"] > 0
+    assert result["recompiles_after_warmup"] == 0
+    assert result["dynamo_graphs_total"] > 0
+    assert math.isfinite(result["last_loss"])
