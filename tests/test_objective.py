@@ -73,7 +73,7 @@ def test_chunked_loss_and_gradients_equal_unchunked_reference():
     valid = torch.rand(rows, num_blocks, block, generator=g) > 0.2
     valid[..., 0] = False
     weights = decay_weights(block, 3.0).double() * valid
-    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7, use_checkpoint=True)
+    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7)
     loss = out.weighted_ce / out.weight_sum
     (grad,) = torch.autograd.grad(loss, h)
     h_ref = h.detach().clone().requires_grad_()
@@ -90,16 +90,17 @@ def test_chunked_ce_never_builds_all_logits(monkeypatch):
     import dflash_train.objective.loss as loss_mod
 
     sizes = []
-    original = loss_mod._chunk_ce
+    original = loss_mod._chunk_forward
 
     def spy(hidden, *args):
         sizes.append(hidden.shape[0])
         return original(hidden, *args)
 
-    monkeypatch.setattr(loss_mod, "_chunk_ce", spy)
-    h = torch.randn(100, 8)
-    chunked_weighted_ce(h, torch.randn(30, 8), torch.zeros(100, dtype=torch.long), torch.ones(100), chunk_size=32)
-    assert max(sizes) == 32 and sum(sizes) == 100
+    monkeypatch.setattr(loss_mod, "_chunk_forward", spy)
+    h = torch.randn(100, 8, requires_grad=True)
+    loss, _ = chunked_weighted_ce(h, torch.randn(30, 8), torch.zeros(100, dtype=torch.long), torch.ones(100), 32)
+    loss.backward()
+    assert max(sizes) == 32 and sum(sizes) == 100  # backward rebuilt nothing
 
 
 def test_expected_acceptance_per_block():

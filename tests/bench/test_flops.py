@@ -76,8 +76,8 @@ def test_flop_counter_agrees_on_tiny_model():
     keep = torch.ones(1, 4, dtype=torch.bool)
     input_ids = torch.randint(0, 128, (1, seq), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.ones(1, seq, dtype=torch.long)
-    # no loss checkpointing: the counter would otherwise also see the lm_head recompute
-    opts = ObjectiveOptions(block_size=block, mask_token_id=cfg.mask_token_id, gamma=4.0, loss_checkpoint=False)
+    # the fused loss computes the lm_head input gradient in its forward: no recompute to see
+    opts = ObjectiveOptions(block_size=block, mask_token_id=cfg.mask_token_id, gamma=4.0)
     blocks = make_blocks(input_ids, loss_mask, anchors, keep, opts)
 
     with sdpa_kernel(SDPBackend.MATH):  # attention as plain bmm, which the counter counts

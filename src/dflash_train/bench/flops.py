@@ -61,8 +61,8 @@ the target's dimensions, B=16, A=512, S=3072), per context token::
 variant S=32768, A=2048: 34.99 GFLOP per token, where target attention grows to 9.1.)
 The issue's "~38 GFLOP per context token" agrees within 2%: counting all 36 target
 layers instead of the 34 that run gives 38.06 (the likely source of the round number).
-Counting the lm_head recompute of the checkpointed loss would add 3.1 (40.3); it is a
-hardware cost, not a model FLOP, so MFU here excludes it.
+The fused loss computes the lm_head's input gradient while the logits exist, so the
+hardware runs exactly these two lm_head passes (no recompute).
 """
 
 from __future__ import annotations

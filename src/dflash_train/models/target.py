@@ -121,15 +121,6 @@ class Target(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head_weight.device
 
-    @property
-    def final_norm_weight(self) -> torch.Tensor | None:
-        """The weight of the target's last norm (before its lm_head), if it has one."""
-        for name in ("norm", "final_layernorm", "ln_f"):
-            module = getattr(self._layer_owner, name, None)
-            if module is not None and getattr(module, "weight", None) is not None:
-                return module.weight
-        return None
-
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
 

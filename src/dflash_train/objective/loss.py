@@ -2,9 +2,10 @@
 
 The logits of all block positions (``positions x vocab``, e.g. 8K x 152K floats =
 5 GB for one Qwen3 sequence) are never alive at once: each chunk's logits are built,
-reduced to a weighted CE sum and an argmax, and dropped; under activation
-checkpointing the backward pass rebuilds one chunk at a time. The anchor position
-(k = 0) never has a label, so it is sliced away before the lm_head.
+reduced to a weighted CE sum, an argmax and the input gradient, and dropped. (Plain
+activation checkpointing would rebuild every chunk's logits in backward: a third
+lm_head pass that the frozen head makes unnecessary.) The anchor position (k = 0)
+never has a label, so it is sliced away before the lm_head.
 
 Nothing here calls ``.item()``: metrics stay on the device until the logger asks.
 """
@@ -15,13 +16,54 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
-def _chunk_ce(hidden: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor):
-    logits = (hidden @ lm_head.t()).float()
-    ce = F.cross_entropy(logits, labels, reduction="none")
-    return (ce * weights).sum(), logits.argmax(dim=-1)
+def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool):
+    """One chunk: weighted CE sum, argmax, and (optionally) d(sum w*CE)/d(hidden).
+
+    The lm_head is frozen, so the only gradient needed is the input gradient
+    ``(softmax - onehot) * w @ W``; computing it here, while the logits exist, saves
+    rebuilding them in backward (a third lm_head pass under plain checkpointing).
+    """
+    logits = (hidden.to(lm_head.dtype) @ lm_head.t()).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    ce = lse - logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+    argmax = logits.argmax(dim=-1)
+    grad = None
+    if want_grad:
+        probs = torch.exp(logits - lse.unsqueeze(1))
+        probs.scatter_add_(1, labels.unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
+        grad = (probs * weights.unsqueeze(1)).to(lm_head.dtype) @ lm_head
+    return (ce * weights).sum(), argmax, grad
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """sum(w * CE(hidden @ W^T, labels)) with W frozen, chunk by chunk.
+
+    Peak extra memory is one chunk of fp32 logits; the saved tensor for backward is
+    the input gradient itself ([n, h], the size of ``hidden``).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, lm_head, labels, weights, chunk_size):
+        want_grad = hidden.requires_grad
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        argmaxes, grads = [], []
+        for start in range(0, hidden.shape[0], chunk_size):
+            part = slice(start, start + chunk_size)
+            loss, argmax, grad = _chunk_forward(hidden[part], lm_head, labels[part], weights[part], want_grad)
+            total = total + loss
+            argmaxes.append(argmax)
+            grads.append(grad)
+        if want_grad:
+            ctx.save_for_backward(torch.cat(grads).to(hidden.dtype))
+        ctx.mark_non_differentiable(argmaxes[0])
+        return total, torch.cat(argmaxes)
+
+    @staticmethod
+    def backward(ctx, grad_total, _grad_argmax):
+        (grad_hidden,) = ctx.saved_tensors
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
 
 
 def chunked_weighted_ce(
@@ -30,24 +72,15 @@ def chunked_weighted_ce(
     labels: torch.Tensor,
     weights: torch.Tensor,
     chunk_size: int = 4096,
-    use_checkpoint: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(sum_i w_i * CE_i, argmax_i)`` over flattened positions.
 
-    ``hidden`` [n, h], ``lm_head`` [vocab, h], ``labels``/``weights`` [n].
+    ``hidden`` [n, h], ``lm_head`` [vocab, h] (frozen), ``labels``/``weights`` [n].
+    Full (n x vocab) logits never exist: at most ``chunk_size`` rows at a time.
     """
-    total = hidden.new_zeros((), dtype=torch.float32)
-    predictions = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        part = slice(start, start + chunk_size)
-        args = (hidden[part], lm_head, labels[part], weights[part])
-        if use_checkpoint and torch.is_grad_enabled():
-            loss, argmax = checkpoint(_chunk_ce, *args, use_reentrant=False)
-        else:
-            loss, argmax = _chunk_ce(*args)
-        total = total + loss
-        predictions.append(argmax)
-    return total, torch.cat(predictions)
+    if lm_head.requires_grad:
+        raise ValueError("the lm_head is frozen in DFlash training; got one that requires grad")
+    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size)
 
 
 @dataclass
@@ -67,14 +100,13 @@ def dflash_loss(
     weights: torch.Tensor,
     valid: torch.Tensor,
     chunk_size: int = 4096,
-    use_checkpoint: bool = True,
 ) -> LossOutput:
     """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B]."""
     rows, num_blocks, block_size = labels.shape
     hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:]
     labels, weights, valid = labels[:, :, 1:], weights[:, :, 1:], valid[:, :, 1:]
     weighted_ce, argmax = chunked_weighted_ce(
-        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size, use_checkpoint
+        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size
     )
     correct = (argmax.view_as(labels) == labels) & valid
     return LossOutput(weighted_ce, weights.sum(), correct, valid)

@@ -23,7 +23,6 @@ class ObjectiveOptions:
     gamma: float
     attention: str = "sdpa"  # "sdpa" (dense mask) or "flex" (block-sparse, GPU)
     loss_chunk_size: int = 4096
-    loss_checkpoint: bool = True
 
 
 def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions) -> Blocks:
@@ -52,5 +51,5 @@ def drafter_loss(
     context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     return dflash_loss(
-        hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, opts.loss_checkpoint
+        hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size
     )

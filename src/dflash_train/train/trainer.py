@@ -80,8 +80,6 @@ class Trainer:
         self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
         if cfg.train.init_from:
             self._warm_start(cfg.train.init_from)
-        else:
-            self._init_output_norm()
         self.opts = self._objective_options()
         parallelize_drafter(self.drafter, cfg.train.activation_checkpointing,
                             compile=cfg.train.compile and self.device.type == "cuda")
@@ -107,15 +105,6 @@ class Trainer:
         self.echo(f"drafter: {resolved.num_hidden_layers} layers, block {resolved.block_size}, target layers "
                   f"{resolved.target_layer_ids}, mask token {resolved.mask_token_id} ({reason})")
         return resolved
-
-    def _init_output_norm(self) -> None:
-        """Start the drafter's final norm at the target's: the frozen lm_head then sees
-        hidden states at the scale it was trained on, instead of logits ~10x too large
-        (an initial loss of ~22 nats instead of ~ln(vocab))."""
-        weight = self.target.final_norm_weight
-        if weight is not None and weight.shape == self.drafter.norm.weight.shape:
-            with torch.no_grad():
-                self.drafter.norm.weight.copy_(weight.float())
 
     def _warm_start(self, folder: str) -> None:
         from dflash_train.export.serving import load_drafter_folder
