@@ -1,0 +1,167 @@
+"""Pieces shared by the colocated and disaggregated set-ups: DDP/FSDP2 wrapping of the
+drafter, a stop flag agreed by all drafter ranks, and busy/wait timing in the metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from dflash_train.train.metrics import MetricLogger
+from dflash_train.train.optim import build_optimizer, build_scheduler
+
+
+class DDP(DistributedDataParallel):
+    """DDP that forwards attribute reads (``layer_types``, ``sliding_window``...) to the drafter."""
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def wrap_drafter(trainer, group, device: torch.device) -> None:
+    """``trainer.model`` becomes DDP (default) or the drafter sharded with FSDP2 (``train.fsdp_drafter``)."""
+    if trainer.cfg.train.fsdp_drafter:
+        _fully_shard_drafter(trainer, group, device)
+        return
+    ids = [device.index] if device.type == "cuda" else None
+    trainer.model = DDP(trainer.drafter, device_ids=ids, process_group=group)
+
+
+def _mesh(group, device: torch.device):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, device.type)
+
+
+def _fully_shard_drafter(trainer, group, device: torch.device) -> None:
+    """FSDP2: one unit per drafter layer plus the root; the optimizer is rebuilt on the sharded params.
+
+    FSDP2 reduce-scatters the MEAN gradient, like DDP, so the trainer's ``* world`` holds.
+    ``no_sync`` is provided (gradient sync only on the last micro-batch of a step).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _mesh(group, device)
+    drafter = trainer.drafter
+    for layer in drafter.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(drafter, mesh=mesh)
+
+    @contextlib.contextmanager
+    def no_sync():
+        drafter.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            drafter.set_requires_gradient_sync(True)
+
+    drafter.no_sync = no_sync
+    trainer.model = drafter
+    cfg = trainer.cfg
+    trainer.optimizer = build_optimizer(drafter.parameters(), cfg.optim, fused=device.type == "cuda")
+    trainer.scheduler = build_scheduler(trainer.optimizer, cfg.optim, trainer.total_steps)
+
+
+def fully_shard_target(target, group, device: torch.device) -> None:
+    """FSDP2 over the target's decoder layers only (forward only, resharded after each layer's forward).
+
+    The embedding, final norm and lm_head stay whole on every rank: the drafter reads them
+    directly. Every rank must run the same number of target forwards (true when colocated).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _mesh(group, device)
+    for layer in target.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+
+
+class Timings:
+    """Seconds spent per phase since the last log line, reported as per-step means."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.steps = 0
+        self.local = 0.0
+
+    def add(self, name: str, seconds: float, local: bool = True) -> None:
+        """``local``: time this process spent inside a step (subtracted from drafter compute);
+        remote values (the target ranks' own timings, received in the headers) are not."""
+        self.sums[name] = self.sums.get(name, 0.0) + seconds
+        if local:
+            self.local += seconds
+
+    @contextlib.contextmanager
+    def measure(self, name: str):
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.add(name, time.perf_counter() - start)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def summary(self) -> dict[str, float]:
+        steps = max(self.steps, 1)
+        out = {f"{k}_s": v / steps for k, v in self.sums.items()}
+        self.reset()
+        return out
+
+
+class TimedLogger(MetricLogger):
+    """The trainer's logger plus the busy/wait seconds per step of each role."""
+
+    def __init__(self, run_dir, tensorboard: bool, enabled: bool, timings: Timings):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(run_dir, tensorboard, enabled)
+        self.timings = timings
+
+    def log(self, step: int, record: dict, echo=print) -> None:
+        if "loss" in record:  # a training record (not a held-out tau line)
+            extra = self.timings.summary()
+            record = {**record, **extra}
+            if self.enabled and extra:
+                echo("  time/step: " + ", ".join(f"{k[:-2]} {v * 1000:.1f} ms" for k, v in sorted(extra.items())))
+        super().log(step, record, echo)
+
+
+def install_step_hooks(trainer, group, comm_device: torch.device, timings: Timings, on_last_step=None) -> None:
+    """Per step: time it (drafter compute = step time - target forward - receive waits) and agree on stopping.
+
+    SIGINT/SIGTERM can reach the ranks at different steps; every rank must leave the loop
+    after the SAME step (DDP and the checkpoint are collective), so the stop flag is
+    max-reduced over the drafter group after each step.
+    """
+    inner = trainer.train_step
+
+    def train_step(micro_batches):
+        start, other = time.perf_counter(), timings.local
+        out = inner(micro_batches)
+        timings.sync()
+        other = timings.local - other  # target forward (colocated) or receive wait (disaggregated)
+        timings.add("drafter_compute", time.perf_counter() - start - other, local=False)
+        timings.steps += 1
+        flag = torch.tensor([1.0 if trainer.stop_requested else 0.0], device=comm_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if flag.item() > 0 and not trainer.stop_requested:
+            trainer.stop_requested = True
+            trainer.echo("another rank was signalled: stopping after this step")
+        if on_last_step is not None and (trainer.stop_requested or trainer.counters.step + 1 >= trainer.total_steps):
+            on_last_step()
+        return out
+
+    trainer.train_step = train_step
+    trainer.logger = TimedLogger(trainer.run_dir, trainer.cfg.train.tensorboard, trainer.ranks.is_main, timings)

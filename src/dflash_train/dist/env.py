@@ -1,0 +1,84 @@
+"""Process-group set-up from torchrun's environment, and a clean shutdown.
+
+torchrun sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` (and the rendezvous
+``MASTER_ADDR``/``MASTER_PORT``); we only read them. The collective timeout comes from
+``DFLASH_DIST_TIMEOUT`` (seconds, default 1800): a rank that dies or hangs makes the
+others fail after at most that long even without torchrun tearing them down (torchrun
+normally kills the survivors within a second of a worker's non-zero exit).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where point-to-point / collective tensors must live for the backend."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def launched_by_torchrun() -> bool:
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def restart_count() -> int:
+    """How many times torchrun (``--max-restarts``) has restarted this job's workers."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def timeout_seconds() -> float:
+    return float(os.environ.get("DFLASH_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def init_from_env(device_name: str = "auto") -> DistEnv:
+    """Initialize the default process group when torchrun started several workers.
+
+    NCCL when CUDA is used (the device is ``cuda:LOCAL_RANK``), gloo otherwise.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    device = torch.device("cpu")
+    if use_cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device)
+    if world > 1 and not dist.is_initialized():
+        env.backend = "nccl" if use_cuda else "gloo"
+        kwargs = {"device_id": device} if use_cuda else {}
+        dist.init_process_group(env.backend, timeout=datetime.timedelta(seconds=timeout_seconds()), **kwargs)
+    elif dist.is_initialized():
+        env.backend = dist.get_backend()
+    return env
+
+
+def shutdown(clean: bool = True) -> None:
+    """Barrier then ``destroy_process_group`` (gloo processes can abort at exit otherwise)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if clean:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,163 @@
+"""Entry point of a distributed job (also reached through ``dflash-train train`` under torchrun).
+
+    torchrun --nproc-per-node 8 -m dflash_train.dist.launch CONFIG [overrides]
+    torchrun --nproc-per-node 8 -m dflash_train.dist.launch CONFIG --target-ranks 5 --drafter-ranks 3
+
+Under torchrun with ``--max-restarts K``, a restarted job (``TORCHELASTIC_RESTART_COUNT``
+> 0) resumes from the newest complete checkpoint of ``train.run_dir`` automatically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch.distributed as dist
+
+from dflash_train.config import JobConfig, load_config
+from dflash_train.dist.common import Timings, fully_shard_target, install_step_hooks, wrap_drafter
+from dflash_train.dist.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
+from dflash_train.dist.env import DistEnv, init_from_env, restart_count, shutdown
+from dflash_train.train.loop import train
+from dflash_train.train.trainer import RankInfo, resolve_device, resolve_dtype
+
+
+def _load_target(cfg: JobConfig, target, device):
+    """``target``: None (load from the config), a ``Target``, or a zero-argument factory (tests)."""
+    if target is None:
+        from dflash_train.models.target import Target
+
+        return Target.load(cfg.target.path, resolve_dtype(cfg.target.dtype, device), device, cfg.target.gguf_file)
+    return target() if callable(target) and not hasattr(target, "facts") else target
+
+
+def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int = 0, echo=print) -> dict:
+    """Train ``cfg`` on the ranks torchrun started (one process when WORLD_SIZE is 1)."""
+    env = init_from_env(cfg.train.device)
+    if restart_count() > 0 and not cfg.train.resume:
+        cfg.train.resume = "auto"
+        echo(f"rank {env.rank}: torchrun restart {restart_count()}: resuming from the newest checkpoint")
+    if env.device.type == "cuda" and cfg.train.device in ("auto", "cuda"):
+        cfg.train.device = str(env.device)
+    try:
+        topo = Topology.build(env.world, target_ranks, drafter_ranks)
+        if not env.distributed:
+            if cfg.train.fsdp_drafter or cfg.train.fsdp_target:
+                echo("one process: train.fsdp_* ignored")
+            result = train(cfg, target=_load_target(cfg, target, resolve_device(cfg.train.device)), echo=echo)
+        elif topo.disaggregated:
+            result = _run_disaggregated(cfg, env, topo, target, echo)
+        else:
+            result = _run_colocated(cfg, env, target, echo)
+    except BaseException:
+        shutdown(clean=False)
+        raise
+    shutdown()
+    return result
+
+
+def _echo_for(env: DistEnv, echo):
+    return echo if env.rank == 0 else (lambda *a, **k: None)
+
+
+def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
+    group = dist.group.WORLD
+    ranks = RankInfo(env.rank, env.world, group)
+    device = resolve_device(cfg.train.device)
+    timings = Timings(device)
+    if env.rank != 0:
+        dist.barrier()  # rank 0 builds the data cache first (concurrent builds would race)
+
+    def wrap(trainer) -> None:
+        if env.rank == 0:
+            dist.barrier()
+        if cfg.train.fsdp_target:
+            fully_shard_target(trainer.target, group, device)
+        local = trainer.feature_source
+
+        def timed_features(*args):
+            with timings.measure("target_forward"):
+                return local(*args)
+
+        trainer.feature_source = timed_features
+        wrap_drafter(trainer, group, device)
+        install_step_hooks(trainer, group, env.comm_device, timings)
+
+    echo_fn = _echo_for(env, echo)
+    echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
+    return train(cfg, target=_load_target(cfg, target, device), ranks=ranks, wrap=wrap, echo=echo_fn)
+
+
+def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, echo) -> dict:
+    if cfg.train.fsdp_target:
+        raise ValueError("train.fsdp_target is for colocated runs; with --target-ranks each target rank "
+                         "holds a whole target")
+    if cfg.eval.prompts:
+        raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
+                         "set eval.prompts=null, or evaluate the exported drafter afterwards")
+    drafter_group = dist.new_group(topo.drafters())  # every rank must create every group
+    device = resolve_device(cfg.train.device)
+    timings = Timings(device)
+    if env.rank != 0:
+        dist.barrier()  # rank 0 builds the data cache first
+    loaded = _load_target(cfg, target, device)
+    if not topo.is_drafter(env.rank):
+        echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
+        server = TargetServer(cfg, loaded, topo, env.rank, device, env.comm_device, echo=echo)
+        totals = server.serve()
+        del server, loaded
+        return {"role": "target", **totals}
+
+    strip_decoder_layers(loaded)  # features come from the target ranks
+    ranks = RankInfo(env.rank, topo.drafter_ranks, drafter_group)
+    receiver: list[FeatureReceiver] = []
+
+    def wrap(trainer) -> None:
+        if env.rank == 0:
+            dist.barrier()
+        receiver.append(FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings))
+        wrap_drafter(trainer, drafter_group, device)
+        install_step_hooks(trainer, drafter_group, env.comm_device, timings, on_last_step=receiver[0].finish)
+
+    echo_fn = _echo_for(env, echo)
+    echo_fn(f"disaggregated: {topo.drafter_ranks} drafter ranks (0..{topo.drafter_ranks - 1}), "
+            f"{topo.target_ranks} target ranks ({topo.drafter_ranks}..{topo.world - 1}), backend {env.backend}")
+    result = train(cfg, target=loaded, ranks=ranks, wrap=wrap, echo=echo_fn)
+    receiver[0].finish()  # no-op unless no step ran (e.g. resumed at the last step)
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dflash_train.dist.launch", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser, with_config: bool = True) -> None:
+    if with_config:
+        p.add_argument("config", help="a YAML/JSON config file or a recipe name")
+        p.add_argument("overrides", nargs="*", help="section.key=value")
+        p.add_argument("--resume", default=None, help="a checkpoint folder, or 'auto'")
+    p.add_argument("--target-ranks", type=int, default=0, help="disaggregated: ranks that run the target")
+    p.add_argument("--drafter-ranks", type=int, default=0, help="disaggregated: ranks that train the drafter")
+
+
+def config_from_args(args) -> JobConfig:
+    overrides = list(args.overrides)
+    if getattr(args, "resume", None):
+        overrides.append(f"train.resume={args.resume}")
+    return load_config(args.config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(config_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"dflash-train (distributed): error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
