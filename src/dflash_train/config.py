@@ -78,6 +78,8 @@ class TrainConfig:
     keep_last: int = 2
     resume: str | None = None  # a checkpoint folder, or "auto" for the newest in run_dir
     init_from: str | None = None  # a DFlash serving folder to warm-start the drafter
+    fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
+    fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
 
     def validate(self) -> None:
         if self.epochs <= 0 and not self.max_steps:
@@ -93,6 +95,9 @@ class TrainConfig:
             raise ValueError(f"train.attention must be auto/sdpa/flex, got {self.attention!r}")
         if self.gamma is not None and self.gamma <= 0:
             raise ValueError(f"train.gamma must be > 0, got {self.gamma}")
+        for name in ("fsdp_drafter", "fsdp_target"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass
