@@ -45,9 +45,24 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def _barrier() -> None:
+def _barrier(group=None) -> None:
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=group)
+
+
+def _group(trainer):
+    """The drafter ranks' process group (None: all ranks); target-only ranks never save."""
+    return getattr(getattr(trainer, "ranks", None), "group", None)
+
+
+def _full_weights(drafter) -> dict:
+    """Whole float32 CPU tensors; with FSDP2 every rank must call this (it all-gathers)."""
+    out = {}
+    for k, v in drafter.state_dict().items():
+        if hasattr(v, "full_tensor"):
+            v = v.full_tensor()
+        out[k] = v.detach().float().cpu().contiguous()
+    return out
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -119,29 +134,30 @@ def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None 
     run_dir = Path(run_dir or trainer.run_dir)
     final = checkpoint_dir(run_dir, trainer.counters.step)
     tmp = final.with_name(final.name + ".tmp")
-    rank = _rank()
+    rank, group = _rank(), _group(trainer)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    _barrier(group)
     tensors, groups = _split_state(trainer.model, trainer.optimizer)
-    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "state")))
+    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "state")), process_group=group)
     (tmp / "rng").mkdir(exist_ok=True)
     _write_json(tmp / "rng" / f"rank-{rank}.json", rng_state())
-    _barrier()
+    sharded = any(hasattr(v, "full_tensor") for v in trainer.drafter.state_dict().values())
+    weights = _full_weights(trainer.drafter) if rank == 0 or sharded else None
+    _barrier(group)
     if rank == 0:
         _write_json(tmp / "optim_groups.json", groups)
         _write_json(tmp / "trainer_state.json", trainer.state_dict())
         _write_json(tmp / "config.json", trainer.cfg.to_dict())
         _write_json(tmp / "drafter_config.json", trainer.drafter_cfg.to_dict())
-        weights = {k: v.detach().float().cpu().contiguous() for k, v in trainer.drafter.state_dict().items()}
         save_file(weights, str(tmp / "drafter.safetensors"))
         (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         _prune(run_dir, keep_last or trainer.cfg.train.keep_last)
-    _barrier()
+    _barrier(group)
     return final
 
 
@@ -211,7 +227,8 @@ def load_checkpoint(trainer, path: Path) -> None:
         raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))
     tensors, _ = _split_state(trainer.model, trainer.optimizer)
     try:
-        dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")))
+        dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")),
+                 process_group=_group(trainer))
     except (Exception, CheckpointException) as err:  # noqa: BLE001 - any reader failure: a damaged checkpoint
         reason = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
         raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {reason[0].strip()}") from None
