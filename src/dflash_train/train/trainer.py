@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -276,10 +277,16 @@ class _stop_on_signals:
     def __init__(self, trainer: Trainer):
         self.trainer = trainer
         self.previous = {}
+        self.first_signal = 0.0
 
     def _handler(self, signum, frame):
-        if self.trainer.stop_requested:
+        # A Ctrl-C under torchrun reaches a worker twice (from the terminal and forwarded by
+        # torchrun) within milliseconds: count that as one signal.
+        if self.trainer.stop_requested and time.monotonic() - self.first_signal > 2.0:
             raise KeyboardInterrupt
+        if self.trainer.stop_requested:
+            return
+        self.first_signal = time.monotonic()
         self.trainer.stop_requested = True
         self.trainer.echo(f"signal {signal.Signals(signum).name}: finishing this step, then saving and exiting")
 
