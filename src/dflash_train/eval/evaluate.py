@@ -23,13 +23,16 @@ import torch
 
 from dflash_train.eval.speculative import GenResult, SpecResult, speculative_generate, target_generate
 
-# Largest top-1 vs chosen-token logit gap that still counts as a rounding near-tie.
-# bf16 keeps 8 significant bits: a logit of magnitude 16..32 has an ulp of 0.125 and the
-# lm_head output itself is rounded to that grid; batched vs one-token kernels perturb the
-# final hidden state by a few bf16 ulps, which moves a logit by ~1-4 ulps. 0.5 logits
-# (4 ulps at |logit| < 32) covers that and still fails any real decision error, whose gaps
-# are typically whole logits. fp16 (11 bits) gets the same 4-ulp budget, 0.0625 at
-# |logit| < 32 -> rounded up to 0.125. float32 must match exactly.
+# Largest gap (plain decode's top-1 logit minus the logit of the token speculative decoding
+# chose) that still counts as a rounding near-tie at the first divergence.
+# bf16 keeps 8 significant bits: logits of magnitude 16..32 sit on a 0.125 grid, and
+# verifying B tokens in one forward vs one token at a time changes reduction orders and
+# kernels, which moves logits by a few ulps. Measured on SmolLM2-135M-Instruct (bf16,
+# 3 chat prompts x 49 positions, blocks of 16 vs sequential): the top-1 minus top-2 gap
+# moved by at most 0.375 on CPU (p50 0.125) and 0.25 on an H200 (p50 0.0); a 6-prompt
+# x 128-token GPU eval diverged 3 times, at gaps 0.0, 0.0 and 0.125. 0.5 logits (4 ulps
+# at |logit| < 32) covers that; a real decision error shows up as a divergence at a gap
+# of whole logits on some prompt. fp16 (3 more bits) gets 0.125; float32 must match.
 TIE_TOLERANCE = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.5, torch.float16: 0.125}
 TOPK_RECORDED = 8
 
