@@ -25,6 +25,11 @@ def register(subparsers) -> None:
     regen.add_argument("--device", default=None)
     regen.add_argument("--strict", action="store_true", help="stop at the first bad record")
     regen.add_argument("--seed", type=int, default=0)
+    regen.add_argument("--backend", choices=["hf", "static"], default="hf",
+                       help="hf: transformers generate; static: fast static-cache batched decoding (data/fastgen.py)")
+    regen.add_argument("--max-batch", type=int, default=1024, help="static backend: rows per decode bucket")
+    regen.add_argument("--gen-mode", choices=["auto", "eager", "cudagraph", "compile"], default="auto",
+                       help="static backend: decode step on CUDA (auto = cudagraph; CPU is always eager)")
     regen.set_defaults(func=cmd_regenerate)
 
     data = subparsers.add_parser("data", help="data tools")
@@ -67,13 +72,24 @@ def cmd_regenerate(args) -> int:
         raise FileNotFoundError(f"--target {args.target}: no such model folder")
     resolve_files(args.data)  # fail fast on missing input before loading the model
     torch.manual_seed(args.seed)
-    generator = HFGenerator(args.target, dtype=args.dtype, device=args.device)
+    if getattr(args, "backend", "hf") == "static":
+        from .fastgen import StaticCacheGenerator
+
+        generator = StaticCacheGenerator(args.target, dtype=args.dtype, device=args.device,
+                                         max_batch=args.max_batch, mode=args.gen_mode)
+    else:
+        generator = HFGenerator(args.target, dtype=args.dtype, device=args.device)
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.thinking)
     report = SkipReport()
     records = read_records(args.data, report, args.strict)
     summary = run_regenerate(records, generator, Path(args.out), params, args.batch_size, report,
                              args.limit, args.strict)
     print(summary.format(report))
+    stats = getattr(generator, "stats", None)
+    if stats is not None:
+        print(f"static backend: {stats.new_tokens} new tokens in {stats.seconds:.1f}s generate time "
+              f"({stats.tokens_per_s:.0f} tok/s; prefill {stats.prefill_seconds:.1f}s, {stats.buckets} buckets, "
+              f"mode={generator.mode})")
     return 0
 
 

@@ -1,0 +1,367 @@
+"""Fast batched generation with a preallocated KV cache (``--backend static``).
+
+``StaticCacheGenerator`` drives a Hugging Face decoder-only model (Llama, Qwen2/3 and
+others whose attention calls ``cache.update(k, v, layer_idx)`` and accepts a prepared 4D
+mask) through its ordinary ``forward``, but with:
+
+* its own K/V buffers: one flat allocation per layer, viewed as ``(B, kv_heads, L, head_dim)``
+  for each bucket shape, so every shape reuses the same memory (CUDA graphs stay valid);
+* prompts sorted by length and cut into buckets, left-padded to a multiple of
+  ``pad_multiple``; each bucket's cache length is ``padded prompt + max_new_tokens``;
+* an explicit additive 4D attention mask (padding + causality over the static cache) and
+  per-row position ids, so a left-padded row sees exactly what an unpadded one does;
+* greedy or temperature/top-p sampling on device (exponential-race sampling, no sync);
+  the host checks "all rows finished?" only every ``check_every`` steps;
+* on CUDA, the one-token decode step captured as a CUDA graph per bucket shape
+  (``mode="cudagraph"``, the default there) or compiled with
+  ``torch.compile(mode="reduce-overhead")`` (``mode="compile"``); any failure there falls
+  back to eager for the rest of the run. On CPU the step runs eagerly.
+
+Greedy output equals plain HF greedy decoding token for token (up to numerical ties).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from .generators import Generation, HFGenerator, SamplingParams
+
+MODES = ("auto", "eager", "cudagraph", "compile")
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+class KVBuffers:
+    """Per-layer K/V storage that the model's attention writes through ``cache.update``.
+
+    ``pos`` (1-D long tensor) holds the cache positions the next forward writes; ``rows``
+    selects a contiguous row range (for prefill in row chunks)."""
+
+    is_compileable = True  # tells HF mask helpers this is a static cache (we pass 4D masks anyway)
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        self.num_layers, self.kv_heads, self.head_dim = num_layers, kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
+        self.capacity = 0  # in tokens (batch x length)
+        self.flat_k: list[torch.Tensor] = []
+        self.flat_v: list[torch.Tensor] = []
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.pos: torch.Tensor | None = None
+        self.rows: slice = slice(None)
+        self.generation = 0  # bumped on reallocation: captured graphs are then stale
+        self._views: dict = {}
+
+    def reserve(self, tokens: int) -> None:
+        if tokens <= self.capacity:
+            return
+        self.flat_k = self.flat_v = []  # free before allocating the larger buffers
+        self.k = self.v = []
+        self._views = {}
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        n = tokens * self.kv_heads * self.head_dim
+        self.flat_k = [torch.zeros(n, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.flat_v = [torch.zeros(n, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.capacity = tokens
+        self.generation += 1
+
+    def view(self, batch: int, length: int) -> None:
+        """Shape the buffers as ``(batch, kv_heads, length, head_dim)`` contiguous views."""
+        self.reserve(batch * length)
+        key = (batch, length, self.generation)
+        if key not in self._views:  # the same view objects per shape (stable for torch.compile guards)
+            n = batch * self.kv_heads * length * self.head_dim
+            shape = (batch, self.kv_heads, length, self.head_dim)
+            self._views = {k: v for k, v in self._views.items() if k[2] == self.generation}
+            self._views[key] = ([f[:n].view(shape) for f in self.flat_k], [f[:n].view(shape) for f in self.flat_v])
+        self.k, self.v = self._views[key]
+
+    # the Cache interface the attention layers use
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        k, v = self.k[layer_idx][self.rows], self.v[layer_idx][self.rows]
+        k.index_copy_(2, self.pos, key_states.to(k.dtype))
+        v.index_copy_(2, self.pos, value_states.to(v.dtype))
+        return k, v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # only used when position_ids are missing
+        raise RuntimeError("KVBuffers needs explicit position_ids")
+
+    def __len__(self) -> int:
+        return self.num_layers
+
+
+@dataclass
+class _Step:
+    """Static input buffers (and optional CUDA graph) of one-token decoding for one bucket shape."""
+
+    ids: torch.Tensor  # (B, 1)
+    position_ids: torch.Tensor  # (B, 1)
+    cache_pos: torch.Tensor  # (1,)
+    mask: torch.Tensor  # (B, 1, 1, L) additive
+    graph: object = None
+    logits: torch.Tensor | None = None
+    generation: int = -1
+
+
+@dataclass
+class GenStats:
+    new_tokens: int = 0
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    buckets: int = 0
+    steps: int = 0
+    per_call: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class StaticCacheGenerator(HFGenerator):
+    """Batched static-cache decoding; see the module docstring.
+
+    ``max_batch`` caps rows per bucket and ``max_batch_tokens`` caps rows x cache length (the
+    K/V buffers hold exactly that many tokens per layer). ``batch_multiple`` pads a bucket's
+    row count (with copies of its last prompt) so few distinct shapes need a graph."""
+
+    def __init__(self, path: str | None = None, dtype: str = "auto", device: str | None = None, *,
+                 model=None, tokenizer=None, max_batch: int = 1024, max_batch_tokens: int = 1 << 20,
+                 pad_multiple: int = 32, length_multiple: int = 64, batch_multiple: int | None = None,
+                 check_every: int = 16, prefill_tokens: int = 1 << 18, mode: str = "auto",
+                 stop_ids: set[int] | None = None, verbose: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if model is None:
+            super().__init__(path, dtype=dtype, device=device)
+        else:  # an already loaded model (tests, embedding in other tools)
+            self.model = model.eval()
+            self.device = str(next(model.parameters()).device)
+            self.tokenizer = tokenizer
+            eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+            eos = eos if isinstance(eos, list) else [eos]
+            if tokenizer is not None:
+                eos = eos + [tokenizer.eos_token_id]
+            self.stop_ids = {int(e) for e in eos if e is not None}
+        if stop_ids is not None:
+            self.stop_ids = {int(e) for e in stop_ids}
+        cfg = self.model.config
+        cfg = getattr(cfg, "text_config", None) or cfg
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.dtype = next(self.model.parameters()).dtype
+        self.buffers = KVBuffers(cfg.num_hidden_layers, kv_heads, head_dim, self.dtype, self.device)
+        on_cuda = self.device.startswith("cuda")
+        self.mode = ("cudagraph" if on_cuda else "eager") if mode == "auto" else mode
+        if self.mode != "eager" and not on_cuda:
+            warnings.warn(f"mode {self.mode!r} needs CUDA; running eagerly", stacklevel=2)
+            self.mode = "eager"
+        self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
+        self.pad_multiple, self.length_multiple = pad_multiple, length_multiple
+        self.batch_multiple = batch_multiple if batch_multiple is not None else (64 if on_cuda else 1)
+        self.check_every, self.prefill_tokens, self.verbose = check_every, prefill_tokens, verbose
+        pad = getattr(tokenizer if model is not None else self.tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else min(self.stop_ids, default=0)
+        self.stats = GenStats()
+        self._steps: dict[tuple[int, int], _Step] = {}
+        self._compiled = None
+
+    # ------------------------------------------------------------------ public API
+    def generate(self, prompts: list[list[dict]], params: SamplingParams) -> list[Generation]:
+        texts = [self._render(p, params) for p in prompts]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        return [self._decode(out) for out in self.generate_ids(ids, params)]
+
+    @torch.no_grad()
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """New token ids for each prompt, in order, up to and including the first stop token."""
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        start = time.perf_counter()
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        results: list[list[int] | None] = [None] * len(prompts)
+        stop = torch.tensor(sorted(self.stop_ids), dtype=torch.long, device=self.device)
+        i, tokens = 0, 0
+        while i < len(order):
+            plen = _round_up(len(prompts[order[i]]), self.pad_multiple)
+            length = _round_up(plen + params.max_new_tokens, self.length_multiple)
+            rows = max(1, min(self.max_batch, self.max_batch_tokens // length))
+            if rows >= self.batch_multiple:
+                rows -= rows % self.batch_multiple
+            bucket = order[i:i + rows]
+            i += len(bucket)
+            outs = self._run_bucket([prompts[j] for j in bucket], plen, length, params, stop)
+            for j, out in zip(bucket, outs):
+                results[j] = out
+                tokens += len(out)
+        seconds = time.perf_counter() - start
+        self.stats.new_tokens += tokens
+        self.stats.seconds += seconds
+        self.stats.per_call.append((len(prompts), tokens, seconds))
+        if self.verbose:
+            print(f"fastgen: {len(prompts)} prompts, {tokens} new tokens in {seconds:.2f}s "
+                  f"({tokens / max(seconds, 1e-9):.0f} tok/s, mode={self.mode})", file=sys.stderr)
+        return results
+
+    # ------------------------------------------------------------------ internals
+    def _run_bucket(self, prompts, plen, length, params, stop) -> list[list[int]]:
+        n = len(prompts)
+        batch = _round_up(n, self.batch_multiple)
+        prompts = prompts + [prompts[-1]] * (batch - n)
+        dev = self.device
+        ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
+        pad_len = torch.empty(batch, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, plen - len(p):] = torch.tensor(p, dtype=torch.long)
+            pad_len[r] = plen - len(p)
+        ids, pad_len = ids.to(dev), pad_len.to(dev)
+        cols = torch.arange(length, device=dev)
+        allowed = cols[None, :] >= pad_len[:, None]  # (B, L): keys that are not padding
+        self.buffers.view(batch, length)
+        step = self._step_for(batch, length)
+        neg = torch.finfo(self.dtype).min
+
+        # prefill, in row chunks; the last position's logits give the first new token
+        t0 = time.perf_counter()
+        chunk = max(1, self.prefill_tokens // plen)
+        first = []
+        causal = cols[None, :length] <= torch.arange(plen, device=dev)[:, None]  # (P, L)
+        self.buffers.pos = torch.arange(plen, device=dev)
+        for r0 in range(0, batch, chunk):
+            rs = slice(r0, min(batch, r0 + chunk))
+            self.buffers.rows = rs
+            mask = (allowed[rs, None, None, :] & causal[None, None]).to(self.dtype)
+            mask = (1.0 - mask) * neg
+            pos_ids = (torch.arange(plen, device=dev)[None, :] - pad_len[rs, None]).clamp(min=0)
+            out = self.model(input_ids=ids[rs], attention_mask=mask, position_ids=pos_ids, cache=self.buffers,
+                             use_cache=True, logits_to_keep=1)
+            first.append(self._sample(out.logits[:, -1], params))
+        self.buffers.rows = slice(None)
+        next_tok = torch.cat(first)
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+        self.stats.prefill_seconds += time.perf_counter() - t0
+        self.stats.buckets += 1
+
+        # decode
+        step.mask.copy_(torch.where(allowed & (cols[None, :] < plen), 0.0, neg)[:, None, None, :])
+        step.position_ids.copy_((plen - pad_len)[:, None])
+        step.cache_pos.fill_(plen)
+        out_tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
+        finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        steps = params.max_new_tokens
+        for t in range(params.max_new_tokens):
+            out_tokens[:, t] = next_tok
+            finished |= torch.isin(next_tok, stop)
+            if t == params.max_new_tokens - 1:
+                break
+            if (t + 1) % self.check_every == 0 and bool(finished[:n].all()):
+                steps = t + 1
+                break
+            step.ids.copy_(next_tok[:, None])
+            step.mask.index_fill_(3, step.cache_pos, 0.0)  # the new token may be attended to
+            logits = self._decode_step(step)
+            next_tok = self._sample(logits, params)
+            step.position_ids.add_(1)
+            step.cache_pos.add_(1)
+            self.stats.steps += 1
+        rows = out_tokens[:n, :steps].tolist()
+        stop_set = self.stop_ids
+        results = []
+        for row in rows:
+            cut = next((k for k, tok in enumerate(row) if tok in stop_set), None)
+            results.append(row if cut is None else row[:cut + 1])
+        return results
+
+    def _step_for(self, batch: int, length: int) -> _Step:
+        key = (batch, length)
+        step = self._steps.get(key)
+        if step is None:
+            dev = self.device
+            step = _Step(ids=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+                         position_ids=torch.zeros(batch, 1, dtype=torch.long, device=dev),
+                         cache_pos=torch.zeros(1, dtype=torch.long, device=dev),
+                         mask=torch.zeros(batch, 1, 1, length, dtype=self.dtype, device=dev))
+            self._steps[key] = step
+        return step
+
+    def _forward_step(self, ids, position_ids, cache_pos, mask):
+        self.buffers.pos = cache_pos
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=self.buffers,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def _decode_step(self, step: _Step) -> torch.Tensor:
+        if self.mode == "cudagraph":
+            try:
+                return self._graph_step(step)
+            except Exception as err:  # noqa: BLE001 - any capture failure: fall back to eager
+                self._fallback(err)
+        elif self.mode == "compile":
+            try:
+                return self._compiled_step(step)
+            except Exception as err:  # noqa: BLE001
+                self._fallback(err)
+        return self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask)
+
+    def _fallback(self, err: Exception) -> None:
+        warnings.warn(f"fastgen: {self.mode} decode step failed ({type(err).__name__}: {err}); "
+                      "falling back to eager", stacklevel=3)
+        self.mode = "eager"
+        self._steps.clear()  # graphs may be half-captured
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def _graph_step(self, step: _Step) -> torch.Tensor:
+        if step.graph is None or step.generation != self.buffers.generation:
+            # warm up on a side stream (this runs the real step; re-running it is idempotent:
+            # it rewrites the same K/V at the same position), then capture and replay
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step.logits = self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask)
+            step.graph, step.generation = graph, self.buffers.generation
+        step.graph.replay()
+        return step.logits
+
+    def _compiled_step(self, step: _Step) -> torch.Tensor:
+        if self._compiled is None:
+            import torch._dynamo as dynamo
+
+            for name in ("recompile_limit", "cache_size_limit"):
+                if hasattr(dynamo.config, name):
+                    setattr(dynamo.config, name, max(getattr(dynamo.config, name), 64))
+            self._compiled = torch.compile(self._forward_step, mode="reduce-overhead", dynamic=False)
+        if step.generation != self.buffers.generation or not getattr(self.buffers.k[0], "_fastgen_static", False):
+            for t in (*self.buffers.k, *self.buffers.v, step.ids, step.position_ids, step.cache_pos, step.mask):
+                torch._dynamo.mark_static_address(t)
+                t._fastgen_static = True
+            step.generation = self.buffers.generation
+        torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled(step.ids, step.position_ids, step.cache_pos, step.mask).clone()
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        if params.temperature <= 0:
+            return logits.argmax(-1)
+        logits = logits.float() / params.temperature
+        if params.top_p < 1.0:
+            sorted_logits, idx = logits.sort(-1, descending=True)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = (cum - sorted_logits.softmax(-1)) > params.top_p  # keeps at least the top token
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+        probs = logits.softmax(-1)
+        # exponential race == multinomial sampling, without a host sync
+        return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
