@@ -140,7 +140,11 @@ def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None 
         tmp.mkdir(parents=True)
     _barrier(group)
     tensors, groups = _split_state(trainer.model, trainer.optimizer)
-    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(tmp / "state")), process_group=group)
+    # With several ranks each must write its own file (the default, one file name for all
+    # ranks, lets the ranks overwrite each other's share of the deduplicated tensors).
+    distributed = dist.is_available() and dist.is_initialized()
+    writer = dcp.HuggingFaceStorageWriter(str(tmp / "state"), save_distributed=distributed)
+    dcp.save(tensors, storage_writer=writer, process_group=group)
     (tmp / "rng").mkdir(exist_ok=True)
     _write_json(tmp / "rng" / f"rank-{rank}.json", rng_state())
     sharded = any(hasattr(v, "full_tensor") for v in trainer.drafter.state_dict().values())
