@@ -67,7 +67,12 @@ def init_from_env(device_name: str = "auto") -> DistEnv:
     if world > 1 and not dist.is_initialized():
         env.backend = "nccl" if use_cuda else "gloo"
         kwargs = {"device_id": device} if use_cuda else {}
-        dist.init_process_group(env.backend, timeout=datetime.timedelta(seconds=timeout_seconds()), **kwargs)
+        timeout = datetime.timedelta(seconds=timeout_seconds())
+        # torchrun's c10d rendezvous keeps ONE store across restarts (--max-restarts): without a
+        # per-attempt prefix, restarted workers read the dead workers' gloo/NCCL addresses.
+        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        store = dist.PrefixStore(f"dflash/attempt-{restart_count()}", store)
+        dist.init_process_group(env.backend, store=store, rank=rank, world_size=world, timeout=timeout, **kwargs)
     elif dist.is_initialized():
         env.backend = dist.get_backend()
     return env

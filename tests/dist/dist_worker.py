@@ -1,0 +1,81 @@
+"""One rank of a test job, started by torchrun: tiny target, ``dflash_train.dist.launch.run``.
+
+    dist_worker.py JOB_DIR TARGET_RANKS DRAFTER_RANKS GRAD_ACCUM MAX_STEPS [train.key=value ...]
+
+Fault injection through the environment: ``CRASH=rank:step:how[:marker]`` makes global
+rank ``rank`` die when its trainer starts step ``step`` (drafter/colocated ranks) or its
+target server computes its ``step``-th micro-batch (target ranks); ``how`` is ``exit``
+(os._exit(3)) or ``kill`` (SIGKILL). With a marker file it crashes only once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_helpers import job, tiny_target  # noqa: E402
+
+from dflash_train.config import config_from_dict  # noqa: E402
+from dflash_train.dist import disagg  # noqa: E402
+from dflash_train.dist.launch import run  # noqa: E402
+from dflash_train.train.trainer import Trainer  # noqa: E402
+
+
+def crash_now(how: str, marker: str | None) -> None:
+    if marker:
+        if Path(marker).exists():
+            return
+        Path(marker).write_text("crashed once")
+    print(f"CRASHING rank {os.environ['RANK']}", flush=True)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def install_crash(spec: str) -> None:
+    rank, step, how, *marker = spec.split(":", 3)
+    if int(os.environ["RANK"]) != int(rank):
+        return
+    marker = marker[0] if marker else None
+    step = int(step)
+    train_step = Trainer.train_step
+
+    def crashing_step(self, micro_batches):
+        if self.counters.step == step:
+            crash_now(how, marker)
+        return train_step(self, micro_batches)
+
+    Trainer.train_step = crashing_step
+    compute = disagg.TargetServer._compute
+    calls = []
+
+    def crashing_compute(self, *args):
+        calls.append(1)
+        if len(calls) == step:
+            crash_now(how, marker)
+        return compute(self, *args)
+
+    disagg.TargetServer._compute = crashing_compute
+
+
+def main() -> None:
+    folder, targets, drafters, accum, steps, *overrides = sys.argv[1:]
+    if os.environ.get("CRASH"):
+        install_crash(os.environ["CRASH"])
+    extra = {}
+    for item in overrides:
+        key, value = item.split("=", 1)
+        extra[key.removeprefix("train.")] = yaml.safe_load(value)
+    cfg = config_from_dict(job(Path(folder), grad_accum=int(accum), max_steps=int(steps), **extra))
+    summary = run(cfg, target=tiny_target, target_ranks=int(targets), drafter_ranks=int(drafters))
+    print(f"EXITED rank {os.environ['RANK']} steps {summary.get('steps')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Distributed training on CPU/gloo under torchrun: the same losses whatever the topology,
+clean shutdown, a dead rank ends the job quickly, torchrun restarts resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_helpers import env, job, losses, metrics, save_tiny_target, tiny_target, torchrun_cmd, worker  # noqa: E402
+
+from dflash_train.config import config_from_dict  # noqa: E402
+from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint  # noqa: E402
+from dflash_train.train.loop import train  # noqa: E402
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[float]:
+    """One process, grad_accum=2: the global batch of 2 ranks x grad_accum 1."""
+    folder = tmp_path_factory.mktemp("single")
+    train(config_from_dict(job(folder, grad_accum=2, max_steps=STEPS)), target=tiny_target(), echo=lambda *a: None)
+    curve = losses(folder / "run")
+    assert len(curve) == STEPS
+    return curve
+
+
+def assert_clean(rc: int, out: str, err: str, ranks: int) -> None:
+    assert rc == 0, err[-4000:]
+    for bad in ("abort", "terminate called", "Traceback"):
+        assert bad not in err and bad not in out, err[-4000:]
+    assert out.count("EXITED rank") == ranks, out[-2000:]
+
+
+def assert_same_losses(run: Path, reference: list[float]) -> None:
+    got = losses(run)
+    assert len(got) == len(reference)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=1e-4, atol=1e-5)
+
+
+def test_colocated_two_ranks_match_one_process(tmp_path, reference):
+    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", str(STEPS))
+    assert_clean(rc, out, err, ranks=2)
+    run = tmp_path / "run"
+    assert_same_losses(run, reference)
+    record = metrics(run)[-1]
+    assert record["target_forward_s"] > 0 and record["drafter_compute_s"] > 0
+    assert latest_checkpoint(run).name.endswith(f"{STEPS:08d}")
+
+
+def test_disaggregated_one_target_two_drafters_match_one_process(tmp_path, reference):
+    rc, out, err, _ = worker(3, tmp_path, "1", "2", "1", str(STEPS))
+    assert_clean(rc, out, err, ranks=3)
+    run = tmp_path / "run"
+    assert_same_losses(run, reference)
+    record = metrics(run)[-1]
+    for key in ("drafter_compute_s", "drafter_recv_wait_s", "target_forward_s", "target_wait_s"):
+        assert record[key] >= 0, key
+    assert record["target_forward_s"] > 0
+    target_log = [json.loads(line) for line in (run / "target-rank2.jsonl").read_text().splitlines()]
+    assert sum(r["items"] for r in target_log) == 2 * STEPS  # every micro-batch of both drafters
+    state = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())
+    assert state["counters"]["step"] == STEPS
+    assert sorted(p.name for p in (latest_checkpoint(run) / "rng").iterdir()) == ["rank-0.json", "rank-1.json"]
+
+
+def test_disaggregated_two_targets_fsdp_drafters_match_one_process(tmp_path, reference):
+    """1 target can feed 2 drafters; here 2 targets feed 1 drafter (grad_accum 2), round-robin."""
+    rc, out, err, _ = worker(3, tmp_path, "2", "1", "2", str(STEPS))
+    assert_clean(rc, out, err, ranks=3)
+    assert_same_losses(tmp_path / "run", reference)
+    for rank in (1, 2):
+        log = [json.loads(line) for line in (tmp_path / "run" / f"target-rank{rank}.jsonl").read_text().splitlines()]
+        assert sum(r["items"] for r in log) == STEPS  # 12 micro-batches split evenly
+
+
+def test_colocated_fsdp_matches_one_process(tmp_path, reference):
+    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", str(STEPS), "train.fsdp_drafter=true",
+                             "train.fsdp_target=true")
+    assert_clean(rc, out, err, ranks=2)
+    assert_same_losses(tmp_path / "run", reference)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(latest_checkpoint(tmp_path / "run") / "drafter.safetensors"))
+    assert all(w.dim() == 0 or w.shape[0] > 1 for w in weights.values())  # whole tensors, not shards
+
+
+def test_killed_rank_ends_the_job_quickly_and_names_it(tmp_path):
+    rc, out, err, seconds = worker(3, tmp_path, "1", "2", "1", "200", CRASH="2:4:kill")
+    assert rc != 0
+    assert seconds < 90
+    assert "Root Cause" in err and "rank      : 2" in err and "SIGKILL" in err, err[-3000:]
+
+
+def test_killed_drafter_rank_colocated(tmp_path):
+    rc, out, err, seconds = worker(2, tmp_path, "0", "0", "1", "200", CRASH="1:3:exit")
+    assert rc != 0 and seconds < 90
+    assert "rank      : 1" in err and "exitcode  : 3" in err, err[-3000:]
+
+
+def test_restart_resumes_from_newest_checkpoint(tmp_path, reference):
+    """Drafter rank 1 crashes once at step 5; torchrun restarts all ranks; they resume at step 4."""
+    marker = tmp_path / "crashed-once"
+    rc, out, err, _ = worker(3, tmp_path, "1", "2", "1", str(STEPS), "train.save_every_steps=2",
+                             max_restarts=1, CRASH=f"1:5:exit:{marker}")
+    assert marker.exists()
+    assert rc == 0, err[-4000:]
+    assert "resuming from the newest checkpoint" in out + err
+    run = tmp_path / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == STEPS
+    steps = [r["step"] for r in metrics(run) if "loss" in r]
+    assert steps[:5] == [1, 2, 3, 4, 5] and steps[5:] == [5, 6]  # step 5 redone, nothing else lost
+    assert_same_losses(run, reference)
+    assert complete_checkpoints(run)[-1].name.endswith(f"{STEPS:08d}")
+
+
+def test_sigint_to_torchrun_stops_all_ranks_cleanly(tmp_path):
+    """``dflash-train train`` under torchrun (the same command as one process); Ctrl-C to torchrun:
+    every rank finishes the same step, the checkpoint is saved, every worker exits 0."""
+    model = save_tiny_target(tmp_path / "target")
+    cfg = job(tmp_path, max_steps=400, save_every_steps=0)
+    cfg["target"]["path"] = str(model)
+    (tmp_path / "job.json").write_text(json.dumps(cfg))
+    cli = [str(Path(sys.executable).parent / "dflash-train"), "train", str(tmp_path / "job.json")]
+    cmd = torchrun_cmd(2, "--no-python", *cli)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
+    seen, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "step 3 |" in line or (not line and proc.poll() is not None):
+            break
+    assert any("step 3 |" in line for line in seen), "".join(seen[-30:])
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    output = "".join(seen) + rest
+    assert time.monotonic() - start < 45
+    assert "Traceback" not in output.split("SignalException")[0].split("got signal")[0], output[-4000:]
+    assert "exitcode  : -9" not in output  # nobody had to be killed
+    newest = latest_checkpoint(tmp_path / "run")
+    step = json.loads((newest / "trainer_state.json").read_text())["counters"]["step"]
+    assert 3 <= step < 400
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["steps"] == step
