@@ -27,10 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         try:
             module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:  # feature not built yet
-                continue
-            raise
+        except ImportError as err:  # a missing optional dependency disables only that command
+            print(f"dflash-train: {name} unavailable ({err})", file=sys.stderr)
+            continue
         module.register(sub)
     return parser
 

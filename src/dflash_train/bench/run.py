@@ -308,7 +308,7 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
 
     # timed loop: no syncs inside
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats()
     graphs_before = _dynamo_graphs()
     kept_blocks = 0
     losses = []
@@ -345,7 +345,7 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
         phase_totals = {k: v / cfg.profile_steps for k, v in phase_totals.items()}
         profiled_step_s = sum(phase_totals.values())
     recompiles = _dynamo_graphs() - graphs_before
-    peak_gib = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
     # throughput and FLOPs
     tokens_per_step = cfg.batch_size * cfg.seq_len

@@ -85,7 +85,16 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         with torch.device("cpu"):  # from_pretrained builds modules on the meta device
             inv_freq, self.attention_scaling = rope_inv_freq(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._inv_freq_fp32 = inv_freq
+        self.register_buffer("inv_freq", inv_freq.clone(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """Moves follow the module; dtype casts (``.to(bfloat16)``) must not round the
+        frequencies, which would shift the angles of long positions."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.device.type != "meta":
+            self.inv_freq = self._inv_freq_fp32.to(self.inv_freq.device)
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device)
