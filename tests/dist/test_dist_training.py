@@ -146,7 +146,8 @@ def test_sigint_to_torchrun_stops_all_ranks_cleanly(tmp_path):
     rest, _ = proc.communicate(timeout=60)
     output = "".join(seen) + rest
     assert time.monotonic() - start < 45
-    assert "Traceback" not in output.split("SignalException")[0].split("got signal")[0], output[-4000:]
+    # torchrun itself reports the signal (SignalException); no worker may fail or be killed
+    assert "[rank0]" not in output and "[rank1]" not in output and "KeyboardInterrupt" not in output, output[-4000:]
     assert "exitcode  : -9" not in output  # nobody had to be killed
     newest = latest_checkpoint(tmp_path / "run")
     step = json.loads((newest / "trainer_state.json").read_text())["counters"]["step"]

@@ -145,6 +145,7 @@ def install_step_hooks(trainer, group, comm_device: torch.device, timings: Timin
     after the SAME step (DDP and the checkpoint are collective), so the stop flag is
     max-reduced over the drafter group after each step.
     """
+    _agree_on_stop(trainer)
     inner = trainer.train_step
 
     def train_step(micro_batches):
@@ -154,14 +155,32 @@ def install_step_hooks(trainer, group, comm_device: torch.device, timings: Timin
         other = timings.local - other  # target forward (colocated) or receive wait (disaggregated)
         timings.add("drafter_compute", time.perf_counter() - start - other, local=False)
         timings.steps += 1
-        flag = torch.tensor([1.0 if trainer.stop_requested else 0.0], device=comm_device)
+        flag = torch.tensor([1.0 if trainer._local_stop else 0.0], device=comm_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if flag.item() > 0 and not trainer.stop_requested:
-            trainer.stop_requested = True
-            trainer.echo("another rank was signalled: stopping after this step")
+        if flag.item() > 0 and not trainer._agreed_stop:
+            trainer._agreed_stop = True
+            trainer.echo("stop requested: every rank stops after this step")
         if on_last_step is not None and (trainer.stop_requested or trainer.counters.step + 1 >= trainer.total_steps):
             on_last_step()
         return out
 
     trainer.train_step = train_step
     trainer.logger = TimedLogger(trainer.run_dir, trainer.cfg.train.tensorboard, trainer.ranks.is_main, timings)
+
+
+def _agree_on_stop(trainer) -> None:
+    """``trainer.stop_requested`` reads the AGREED flag (set after the per-step all-reduce);
+    writes (the signal handler) only raise this rank's local request. A signal arriving
+    between the all-reduce and the loop's check can then never make one rank stop alone."""
+
+    def get(self):
+        return self._agreed_stop
+
+    def set_(self, value):
+        if value:
+            self._local_stop = True
+
+    base = type(trainer)
+    trainer.__class__ = type(f"Distributed{base.__name__}", (base,), {"stop_requested": property(get, set_)})
+    trainer._local_stop = bool(trainer.__dict__.pop("stop_requested", False))
+    trainer._agreed_stop = False

@@ -8,7 +8,10 @@ config and data, then predicts for G GPUs:
 * N target + M drafter GPUs (N + M = G): ``min(N * target_rate, M * drafter_rate)``.
 
 Transfer cost between target and drafter GPUs is not modelled (NVLink makes it small
-next to either side's compute; across nodes it is not).
+next to either side's compute; across nodes it is not). In this model the best split can
+at most tie colocated (exactly when N/M = drafter_rate/target_rate); ties go to colocated.
+A split wins in practice when colocated does not fit in memory (target + drafter + optimizer
+on one GPU) or when a target GPU alone runs faster than its share of a colocated GPU.
 """
 
 from __future__ import annotations
