@@ -136,3 +136,24 @@ def test_flex_path_forward_equals_brute_force():
     q_ref = q.detach().clone().requires_grad_()
     attend(q_ref, k, v, visible.unsqueeze(1), scale).sum().backward()
     torch.testing.assert_close(q.grad, q_ref.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_flex_mask_builder_equals_dense_and_never_recompiles():
+    """The BlockMask is built by a compiled builder (uncompiled, create_block_mask
+    materializes dense masks); new anchor VALUES must not trigger recompiles."""
+    from torch._dynamo.utils import counters
+
+    from dflash_train.models.attention import compiled_flex_block_masks
+
+    seq, block, num_blocks = 128, 16, 8
+    graphs = []
+    for seed in range(3):
+        anchors, keep = random_layout(rows=1, seq=seq, num_blocks=num_blocks, block=block, seed=seed)
+        masks = compiled_flex_block_masks(("full_attention",), anchors, keep, seq, block, None)
+        graphs.append(counters["stats"]["unique_graphs"])
+        dense = dense_mask(full_block_mask_mod(anchors, keep, seq, block), 1, num_blocks * block,
+                           seq + num_blocks * block, "cpu")
+        rebuilt = masks["full_attention"].to_dense()  # [b, h, q_tiles, kv_tiles] tile occupancy
+        tiles = dense[0, 0].view(num_blocks * block // 128, 128, -1, 128).any(-1).any(1)
+        assert torch.equal(rebuilt[0, 0].bool(), tiles)
+    assert graphs[1] == graphs[2] == graphs[0], f"recompiled on new anchor values: {graphs}"

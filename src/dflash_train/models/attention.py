@@ -81,26 +81,34 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device) -
     return mask_mod(b, h, q, kv)
 
 
-_BLOCK_MASK_BUILDER = None
+def flex_block_masks(
+    layer_types: tuple[str, ...], anchors, keep, context_len: int, block_size: int, sliding_window: int | None
+) -> dict[str, object]:
+    """Block-sparse flex BlockMasks (``H=None``: shared by all heads), one per layer type.
 
-
-def _block_mask_builder():
-    """``create_block_mask`` compiled once: uncompiled, it materializes dense masks."""
-    global _BLOCK_MASK_BUILDER
-    if _BLOCK_MASK_BUILDER is None:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        _BLOCK_MASK_BUILDER = torch.compile(create_block_mask, dynamic=False)
-    return _BLOCK_MASK_BUILDER
-
-
-def flex_block_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device, compiled: bool = True):
-    """A block-sparse flex BlockMask with ``H=None`` (shared by all heads)."""
-    if compiled:
-        return _block_mask_builder()(mask_mod, batch, None, q_len, kv_len, device=device)
+    ``anchors``/``keep`` are inputs of this function rather than constants captured in
+    a fresh closure, so the compiled version (:func:`compiled_flex_block_masks`) is
+    traced once per shape and never recompiles when only the anchor values change.
+    """
     from torch.nn.attention.flex_attention import create_block_mask
 
-    return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+    batch, num_blocks = anchors.shape
+    q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
+    mods = mask_mods(list(layer_types), anchors, keep, context_len, block_size, sliding_window)
+    return {name: create_block_mask(mod, batch, None, q_len, kv_len, device=anchors.device)
+            for name, mod in mods.items()}
+
+
+_COMPILED_FLEX_MASKS = None
+
+
+def compiled_flex_block_masks(*args):
+    """:func:`flex_block_masks` under ``torch.compile``: uncompiled, ``create_block_mask``
+    materializes dense (q, kv) masks, which is exactly what flex exists to avoid."""
+    global _COMPILED_FLEX_MASKS
+    if _COMPILED_FLEX_MASKS is None:
+        _COMPILED_FLEX_MASKS = torch.compile(flex_block_masks, dynamic=False)
+    return _COMPILED_FLEX_MASKS(*args)
 
 
 def build_masks(
@@ -118,9 +126,10 @@ def build_masks(
     """
     batch, num_blocks = anchors.shape
     q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
-    mods = mask_mods(layer_types, anchors, keep, context_len, block_size, sliding_window)
     if backend == "sdpa":
+        mods = mask_mods(layer_types, anchors, keep, context_len, block_size, sliding_window)
         return {name: dense_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
     if backend == "flex":
-        return {name: flex_block_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
+        types = tuple(sorted(set(layer_types)))
+        return compiled_flex_block_masks(types, anchors, keep, context_len, block_size, sliding_window)
     raise ValueError(f"unknown attention backend {backend!r}; use 'sdpa' or 'flex'")
