@@ -120,6 +120,13 @@ class BenchConfig:
             raise ValueError(f"bench: --seq-len {self.seq_len} must exceed --block-size + 2")
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``: some torch versions reject an index-less CUDA device."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -267,7 +274,7 @@ def _log(message: str) -> None:
 def run_bench(cfg: BenchConfig, log=_log) -> dict:
     """Build everything, run warm-up, timed and profiled steps; return the result dict."""
     cfg = cfg.resolved()
-    device = torch.device(cfg.device)
+    device = _indexed(torch.device(cfg.device))
     dtype = getattr(torch, cfg.dtype)
     if device.type == "cuda":
         torch.cuda.set_device(device)
