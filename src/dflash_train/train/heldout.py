@@ -39,5 +39,5 @@ class HeldoutEvaluator:
             if trainer.logger is not None:
                 trainer.logger.log(trainer.counters.step, {"tau": tau}, echo=lambda *_: None)
         if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+            dist.barrier(group=trainer.ranks.group)  # the drafter ranks only
         return tau
