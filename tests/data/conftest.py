@@ -7,15 +7,12 @@ the mask logic against their exact scaffolding without downloading those tokeniz
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
+from data_helpers import REPO, SMOLLM2, write_jsonl  # noqa: F401  (shared with the tests)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-REPO = Path(__file__).resolve().parents[2]
-SMOLLM2 = REPO / "assets" / "smollm2"
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
@@ -112,10 +109,3 @@ def qwen3_tok():
     tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
     tok.chat_template = QWEN3_TEMPLATE
     return tok
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    with open(path, "w") as fh:
-        for row in rows:
-            fh.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return path

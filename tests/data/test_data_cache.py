@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_jsonl
+from data_helpers import write_jsonl
 
 import dflash_train.data as data
 from dflash_train.data import DataConfig, load_tokenized

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from conftest import SMOLLM2, write_jsonl
+from data_helpers import SMOLLM2, write_jsonl
 
 from dflash_train.data import cli
 from dflash_train.data.inspect import highlight

@@ -8,7 +8,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_jsonl
+from data_helpers import write_jsonl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

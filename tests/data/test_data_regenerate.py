@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, SMOLLM2, write_jsonl
+from data_helpers import REPO, SMOLLM2, write_jsonl
 
 from dflash_train.data.errors import SkipReport
 from dflash_train.data.generators import Generation, Generator, SamplingParams, split_reasoning

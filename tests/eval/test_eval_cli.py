@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMOLLM2, tiny_drafter, tiny_qwen3
 from serving_helpers import write_serving_folder
 
 from dflash_train.cli import main
@@ -14,6 +14,9 @@ from dflash_train.eval.evaluate import compare_greedy, evaluate, format_table
 from dflash_train.eval.prompts import read_prompts, record_prompt
 from dflash_train.eval.speculative import GenResult
 from dflash_train.models.target import Target
+from dflash_train.testing import tiny_drafter, tiny_qwen3
+
+SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_drafter, tiny_qwen3
 from serving_helpers import write_serving_folder
 
 from dflash_train.eval.loader import load_drafter_folder, read_drafter_config
 from dflash_train.eval.speculative import speculative_generate
 from dflash_train.models.target import Target
+from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 
 @pytest.fixture(scope="module")
