@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dflash_train.hf_compat import cache_kwarg
+
 from .generators import Generation, HFGenerator, SamplingParams
 
 MODES = ("auto", "eager", "cudagraph", "compile")
@@ -240,8 +242,8 @@ class StaticCacheGenerator(HFGenerator):
             mask = (allowed[rs, None, None, :] & causal[None, None]).to(self.dtype)
             mask = (1.0 - mask) * neg
             pos_ids = (torch.arange(plen, device=dev)[None, :] - pad_len[rs, None]).clamp(min=0)
-            out = self.model(input_ids=ids[rs], attention_mask=mask, position_ids=pos_ids, cache=self.buffers,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids[rs], attention_mask=mask, position_ids=pos_ids, use_cache=True,
+                             logits_to_keep=1, **{cache_kwarg(self.model): self.buffers})
             first.append(self._sample(out.logits[:, -1], params))
         self.buffers.rows = slice(None)
         next_tok = torch.cat(first)
@@ -294,8 +296,8 @@ class StaticCacheGenerator(HFGenerator):
 
     def _forward_step(self, ids, position_ids, cache_pos, mask):
         self.buffers.pos = cache_pos
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, cache=self.buffers,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                         logits_to_keep=1, **{cache_kwarg(self.model): self.buffers})
         return out.logits[:, -1]
 
     def _decode_step(self, step: _Step) -> torch.Tensor:

@@ -21,7 +21,6 @@ plug in oracles); :class:`DFlashProposer` wraps a :class:`DFlashDrafter`.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -29,6 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.config import SLIDING_ATTENTION
 
 
@@ -295,15 +295,6 @@ def _truncate(new: list[int], budget: int, stop: set[int]) -> tuple[list[int], b
     return kept, len(kept) >= budget
 
 
-def _cache_kwarg(model) -> str:
-    """transformers >= 5.2x names the KV-cache argument ``cache``; earlier ``past_key_values``."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _out_cache(out):
     cache = getattr(out, "cache", None)
     return cache if cache is not None else getattr(out, "past_key_values", None)
@@ -319,7 +310,7 @@ def crop_cache(cache, length: int) -> None:
 
 def _target_forward(target, layer_ids: list[int], input_ids: torch.Tensor, cache):
     """Returns (logits [s, V] float, cache, features or None)."""
-    kwargs = {"input_ids": input_ids, "use_cache": True, _cache_kwarg(target.model): cache}
+    kwargs = {"input_ids": input_ids, "use_cache": True, cache_kwarg(target.model): cache}
     if layer_ids:
         out, feats = target.forward_with_features(layer_ids, **kwargs)
     else:
