@@ -93,7 +93,7 @@ def torchrun_cmd(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
 
 
 def worker(nproc: int, run: Path, *args: str, max_restarts: int = 0, timeout: float = 200, **env_extra):
-    """Run tests/dist/dist_worker.py under torchrun; returns (returncode, stdout, stderr, seconds)."""
+    """Run tests/distributed/dist_worker.py under torchrun; returns (returncode, stdout, stderr, seconds)."""
     cmd = torchrun_cmd(nproc, str(HERE / "dist_worker.py"), str(run), *args, max_restarts=max_restarts)
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**env_extra))
