@@ -23,6 +23,7 @@ import json
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,10 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+# Single-process saving/loading is intended here; DCP would warn on every call that it
+# "assumes" it.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 COMPLETE = "COMPLETE"
 STEP_PREFIX = "step-"
