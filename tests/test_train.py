@@ -15,47 +15,20 @@ import torch
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_qwen3
+from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint
 from dflash_train.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / "assets" / "smollm2"
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "looked", "at", "the", "big", "red", "dog", "while", "it", "ran", "around", "the", "green", "park"]
-
-
-def write_chat_data(path: Path, n: int = 48) -> Path:
-    """Repetitive assistant text: a drafter can learn it fast, so the loss must fall."""
-    lines = []
-    for i in range(n):
-        answer = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(40 + i % 7))
-        lines.append(json.dumps({"messages": [{"role": "user", "content": f"Tell me story {i}."},
-                                              {"role": "assistant", "content": answer}]}))
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def tiny_target() -> Target:
-    from transformers import AutoTokenizer
-
-    model = tiny_qwen3(num_layers=6, hidden=64, vocab=49152, tie=True)
-    with torch.no_grad():  # HF's init (std 0.02) gives near-uniform logits; real models are sharper
-        model.get_input_embeddings().weight.normal_(0.0, 0.5)
-    return Target(model, AutoTokenizer.from_pretrained(SMOLLM2))
+    return tiny_chat_target(SMOLLM2)
 
 
 def job(tmp_path: Path, **train_overrides) -> dict:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = write_chat_data(tmp_path / "train.jsonl")
-    return {
-        "target": {"path": "unused-when-passed-in", "dtype": "float32"},
-        "drafter": {"num_hidden_layers": 1, "block_size": 4, "num_target_features": 2},
-        "data": {"paths": [str(data)], "max_length": 128, "token_budget": 256, "pad_to_multiple": 32,
-                 "cache_dir": str(tmp_path / "cache")},
-        "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
-        "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
-                  "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
-    }
+    return tiny_chat_job(tmp_path, **train_overrides)
 
 
 def losses(run_dir: Path) -> list[float]:

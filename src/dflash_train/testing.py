@@ -35,3 +35,58 @@ def tiny_drafter(target, num_layers=2, block_size=4, layer_types=None, sliding_w
     for p in drafter.parameters():  # norms start at 1; perturb so tests see every weight
         p.data.add_(0.02 * torch.randn_like(p))
     return drafter, cfg
+
+
+STORY_WORDS = "the cat sat on a mat and looked at the big red dog while it ran around the green park".split()  # noqa: SIM905
+
+
+def write_chat_data(path, n: int = 48):
+    """Repetitive assistant text: a drafter learns it fast, so a falling loss is a real signal.
+
+    Written atomically: several ranks of a distributed test may write it at once.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    lines = []
+    for i in range(n):
+        answer = " ".join(STORY_WORDS[(i + k) % len(STORY_WORDS)] for k in range(40 + i % 7))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": f"Tell me story {i}."},
+                                              {"role": "assistant", "content": answer}]}))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def tiny_chat_target(tokenizer_path):
+    """A tiny random Qwen3 with a real chat tokenizer (its vocabulary size) as a ``Target``."""
+    from transformers import AutoTokenizer
+
+    from dflash_train.models.target import Target
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    model = tiny_qwen3(num_layers=6, hidden=64, vocab=len(tokenizer), tie=True)
+    with torch.no_grad():  # HF's init (std 0.02) gives near-uniform logits; real models are sharper
+        model.get_input_embeddings().weight.normal_(0.0, 0.5)
+    return Target(model, tokenizer)
+
+
+def tiny_chat_job(tmp_path, **train_overrides) -> dict:
+    """A complete job config (dict) training a 1-layer B=4 drafter on ``write_chat_data``."""
+    from pathlib import Path
+
+    tmp_path = Path(tmp_path)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = write_chat_data(tmp_path / "train.jsonl")
+    return {
+        "target": {"path": "unused-when-passed-in", "dtype": "float32"},
+        "drafter": {"num_hidden_layers": 1, "block_size": 4, "num_target_features": 2},
+        "data": {"paths": [str(data)], "max_length": 128, "token_budget": 256, "pad_to_multiple": 32,
+                 "cache_dir": str(tmp_path / "cache")},
+        "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
+        "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
+                  "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
+    }

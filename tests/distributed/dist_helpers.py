@@ -1,4 +1,4 @@
-"""Builders shared by the distributed tests and their torchrun worker (copied from tests/test_train.py)."""
+"""Builders shared by the distributed tests and their torchrun worker."""
 
 from __future__ import annotations
 
@@ -10,37 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_qwen3
+from dflash_train.testing import tiny_chat_job, tiny_chat_target
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SMOLLM2 = REPO / "assets" / "smollm2"
 VENV_BIN = Path(sys.executable).parent
-WORDS = "the cat sat on a mat and looked at the big red dog while it ran around the green park".split()  # noqa: SIM905
-
-
-def write_chat_data(path: Path, n: int = 48) -> Path:
-    lines = []
-    for i in range(n):
-        answer = " ".join(WORDS[(i + k) % len(WORDS)] for k in range(40 + i % 7))
-        lines.append(json.dumps({"messages": [{"role": "user", "content": f"Tell me story {i}."},
-                                              {"role": "assistant", "content": answer}]}))
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # ranks write it concurrently: atomically
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
 
 
 def tiny_target() -> Target:
-    from transformers import AutoTokenizer
-
-    model = tiny_qwen3(num_layers=6, hidden=64, vocab=49152, tie=True)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.normal_(0.0, 0.5)
-    return Target(model, AutoTokenizer.from_pretrained(SMOLLM2))
+    return tiny_chat_target(SMOLLM2)
 
 
 def save_tiny_target(folder: Path) -> Path:
@@ -52,17 +32,7 @@ def save_tiny_target(folder: Path) -> Path:
 
 
 def job(tmp_path: Path, **train_overrides) -> dict:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = write_chat_data(tmp_path / "train.jsonl")
-    return {
-        "target": {"path": "unused-when-passed-in", "dtype": "float32"},
-        "drafter": {"num_hidden_layers": 1, "block_size": 4, "num_target_features": 2},
-        "data": {"paths": [str(data)], "max_length": 128, "token_budget": 256, "pad_to_multiple": 32,
-                 "cache_dir": str(tmp_path / "cache")},
-        "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
-        "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
-                  "log_every": 1, "progress": False, "tensorboard": False, **train_overrides},
-    }
+    return tiny_chat_job(tmp_path, **{"tensorboard": False, **train_overrides})
 
 
 def metrics(run_dir: Path) -> list[dict]:
