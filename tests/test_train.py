@@ -197,3 +197,42 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="trainer_state.json"):
         train(config_from_dict(job(tmp_path, max_steps=4, resume=str(ckpt))), target=tiny_target(),
               echo=lambda *a: None)
+
+
+def test_time_budget_stops_and_completes_the_schedule(tmp_path):
+    """train.time_budget_minutes: the run stops once the budget is spent (not at max_steps),
+    the LR schedule has warmed up and decayed to its floor by then, and the stop is not an
+    'early stop' (the checkpoint and summary are the normal end-of-run ones)."""
+    budget_s = 1.5
+    cfg = config_from_dict(job(tmp_path, max_steps=100_000, time_budget_minutes=budget_s / 60))
+    cfg.optim.min_lr_ratio = 0.1
+    summary = train(cfg, target=tiny_target(), echo=lambda *a: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert 1 < summary["steps"] < 100_000 and summary["stopped_early"] is False
+    assert rows[-1]["step"] == summary["steps"]  # the last partial window is logged too
+    lrs = [r["lr"] for r in rows]
+    peak = cfg.optim.lr
+    assert max(lrs) > 0.5 * peak  # warmed up (by time: warmup_ratio of the budget)
+    assert lrs[-1] <= 0.15 * peak  # and decayed to ~min_lr_ratio by the end of the budget
+    state = json.loads((Path(summary["checkpoint"]) / "trainer_state.json").read_text())
+    assert state["counters"]["train_seconds"] >= budget_s  # saved: a resume continues the budget
+
+
+def test_scheduler_follows_the_time_fraction():
+    from dflash_train.config import OptimConfig
+    from dflash_train.train.optim import build_scheduler, cosine_with_warmup
+
+    spent = {"f": 0.0}
+    cfg = OptimConfig(lr=1.0, warmup_ratio=0.1, min_lr_ratio=0.0)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(opt, cfg, 1000, lambda: spent["f"])
+    spent["f"] = 0.5  # half the time budget spent after 1 step: the schedule is half-way
+    opt.step()
+    sched.step()
+    assert sched.get_last_lr()[0] == pytest.approx(cosine_with_warmup(500, 1000, 100, 0.0))
+    spent["f"] = 0.0  # the step count wins when it is further along
+    for _ in range(700):
+        opt.step()
+        sched.step()
+    assert sched.get_last_lr()[0] == pytest.approx(cosine_with_warmup(701, 1000, 100, 0.0))

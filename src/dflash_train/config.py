@@ -61,6 +61,10 @@ class TrainConfig:
     seed: int = 0
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs when set
+    # > 0: a wall-clock budget for the training steps (evaluation and checkpoint time excluded).
+    # The run stops when it is spent, and the LR schedule runs on max(step / steps, time / budget),
+    # so warmup and cosine decay complete inside the budget whatever the hardware's speed.
+    time_budget_minutes: float = 0.0
     grad_accum: int = 1
     num_anchors: int = 512
     anchors: str = "random"  # "random" (paper) or "uniform" (ablation: fixed blocks)
@@ -89,6 +93,8 @@ class TrainConfig:
         for name in ("grad_accum", "num_anchors", "log_every", "loss_chunk_size", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.time_budget_minutes < 0:
+            raise ValueError(f"train.time_budget_minutes must be >= 0 (0: no budget), got {self.time_budget_minutes}")
         if self.anchors not in ("random", "uniform"):
             raise ValueError(f"train.anchors must be 'random' or 'uniform', got {self.anchors!r}")
         if self.attention not in ("auto", "sdpa", "flex"):
@@ -106,6 +112,7 @@ class EvalConfig:
 
     prompts: str | None = None  # chat file or one prompt per line; None disables
     every: int = 0  # steps between evaluations (0: only before and after training)
+    every_minutes: float = 0.0  # or minutes of training time between evaluations (0: off)
     num_prompts: int = 8
     max_new_tokens: int = 64
     at_start: bool = True
@@ -132,6 +139,8 @@ class JobConfig:
             )
         if self.train.attention == "flex" and self.train.device == "cpu":
             raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
+        if self.eval.every < 0 or self.eval.every_minutes < 0:
+            raise ValueError("eval.every and eval.every_minutes must be >= 0 (0: off)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

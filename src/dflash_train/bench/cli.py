@@ -4,6 +4,9 @@ Reference configuration (H200): ``dflash-train bench --target-config qwen3-8b`` 
 random-weight Qwen3-8B-shaped target in bf16, 5-layer drafter, B=16, 512 anchors,
 3072 tokens, flex attention, compiled drafter layers). See ``bench/run.py`` for what
 is timed and how, and ``bench/flops.py`` for the FLOP model behind MFU.
+
+Several GPUs (colocated, DDP drafter; ``context_tokens_per_s`` is the total):
+``torchrun --nproc-per-node 2 -m dflash_train.cli bench --target-config qwen3-8b``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def run_cli(args) -> int:
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
     )
     result = run_bench(cfg)
+    if result["rank"] != 0:  # under torchrun only rank 0 reports
+        return 0
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

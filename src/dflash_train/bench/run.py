@@ -28,6 +28,13 @@ Timing:
   (``torch._dynamo.utils.counters["stats"]["unique_graphs"]`` before/after): with
   static shapes it must be 0.
 
+Under torchrun (``WORLD_SIZE`` > 1) every rank runs the same colocated step on its own
+synthetic batches with the drafter wrapped in DDP (the trainer's colocated layout, one
+gradient all-reduce per step), so ``torchrun --nproc-per-node N -m dflash_train.cli bench``
+measures N-GPU scaling. ``context_tokens_per_s`` is then the total over ranks (each rank's
+tokens over the SLOWEST rank's timed loop), ``*_per_gpu`` fields divide it by N, and MFU is
+per GPU. Rank 0 prints the JSON.
+
 MFU divides the model FLOPs (:mod:`dflash_train.bench.flops`) per second by a matmul
 ceiling measured in the same process: a square bf16 matmul (8192^3) on CUDA, an fp32
 one on the CPU.
@@ -36,6 +43,7 @@ one on the CPU.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
@@ -187,9 +195,9 @@ class State:
     grad_clip: float
 
 
-def synthetic_batch(cfg: BenchConfig, vocab: int, step: int):
+def synthetic_batch(cfg: BenchConfig, vocab: int, step: int, rank: int = 0):
     """Random token ids filling seq_len; loss_mask 1 except the first prompt_len tokens."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1009 + rank)
     input_ids = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g)
     loss_mask = torch.ones(cfg.batch_size, cfg.seq_len, dtype=torch.long)
     loss_mask[:, : cfg.prompt_len] = 0
@@ -271,9 +279,45 @@ def _log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
+def _init_distributed(cfg: BenchConfig):
+    """Under torchrun: the process group and this rank's device (cuda:LOCAL_RANK)."""
+    from dflash_train.dist.env import init_from_env, launched_by_torchrun
+
+    if not launched_by_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    env = init_from_env(cfg.device)
+    cfg.device = str(env.device)
+    return env
+
+
+def _slowest(seconds: float, device: torch.device, world: int) -> float:
+    if world < 2:
+        return seconds
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def run_bench(cfg: BenchConfig, log=_log) -> dict:
-    """Build everything, run warm-up, timed and profiled steps; return the result dict."""
+    """Build everything, run warm-up, timed and profiled steps; return the result dict.
+
+    Under torchrun the process group is set up here and torn down before returning."""
+    from dflash_train.dist.env import shutdown
+
+    env = _init_distributed(cfg)
+    try:
+        return _run_bench(cfg, env, log)
+    finally:
+        shutdown(clean=env is not None)
+
+
+def _run_bench(cfg: BenchConfig, env, log) -> dict:
     cfg = cfg.resolved()
+    world, rank = (env.world, env.rank) if env is not None else (1, 0)
+    if rank != 0:
+        log = _noop
     device = _indexed(torch.device(cfg.device))
     dtype = getattr(torch, cfg.dtype)
     if device.type == "cuda":
@@ -287,6 +331,10 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     t0 = time.perf_counter()
     target = build_target(cfg.target_config, device, dtype)
     drafter, dcfg = build_drafter(target, cfg, device)
+    if world > 1:  # the colocated trainer's data parallelism: one gradient all-reduce per step
+        from dflash_train.dist.common import DDP
+
+        drafter = DDP(drafter, device_ids=[device.index] if device.type == "cuda" else None)
     _sync(device)
     build_s = time.perf_counter() - t0
     log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
@@ -301,7 +349,7 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     st = State(cfg, device, dtype, target, drafter, list(dcfg.target_layer_ids), opts, optimizer, scheduler,
                optim_cfg.grad_clip)
     vocab = target.facts.vocab_size
-    batches = [synthetic_batch(cfg, vocab, i) for i in range(total_steps)]
+    batches = [synthetic_batch(cfg, vocab, i, rank) for i in range(total_steps)]
 
     # warm-up: synchronized, one by one
     warmup_times = []
@@ -326,7 +374,7 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
         losses.append(loss)
         kept_blocks += kept
     _sync(device)
-    timed_s = time.perf_counter() - start
+    timed_s = _slowest(time.perf_counter() - start, device, world)
     step_s = timed_s / cfg.steps
     first_step_s = warmup_times[0] if warmup_times else None
     if not warmup_times:  # the first timed step carried the compile; say so
@@ -355,17 +403,18 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
     # throughput and FLOPs
-    tokens_per_step = cfg.batch_size * cfg.seq_len
+    tokens_per_step = cfg.batch_size * cfg.seq_len * world
     mean_anchor = (cfg.prompt_len + cfg.seq_len - 2) / 2  # anchors uniform over [prompt_len, S - 2]
     flops = step_flops(Shape.of(target.facts), max(dcfg.target_layer_ids) + 1, Shape.of(dcfg),
                        dcfg.num_hidden_layers, len(dcfg.target_layer_ids), cfg.seq_len, cfg.num_anchors,
                        cfg.block_size, mean_anchor)
-    flops_per_step = flops.total * cfg.batch_size
+    flops_per_step = flops.total * cfg.batch_size  # per GPU
     achieved = flops_per_step / step_s / 1e12
     last_loss = float(losses[-1]) if losses else math.nan
     return {
         "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
                    "mask_token_id": dcfg.mask_token_id, "drafter_params": sum(p.numel() for p in drafter.parameters())},
+        "rank": rank,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
         "steps": cfg.steps,
@@ -373,8 +422,10 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
         "step_time_s": step_s,
         "context_tokens_per_step": tokens_per_step,
         "context_tokens_per_s": tokens_per_step / step_s,
-        "drafted_positions_per_step": kept_blocks * cfg.block_size / cfg.steps,
-        "drafted_positions_per_s": kept_blocks * cfg.block_size / timed_s,
+        "world_size": world,
+        "context_tokens_per_s_per_gpu": tokens_per_step / step_s / world,
+        "drafted_positions_per_step": kept_blocks * cfg.block_size / cfg.steps * world,
+        "drafted_positions_per_s": kept_blocks * cfg.block_size / timed_s * world,
         "flops_per_context_token": flops.per_token,
         "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in flops.per_token_breakdown().items()},
         "achieved_tflops": achieved,

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from dflash_train.train.metrics import MetricLogger
-from dflash_train.train.optim import build_optimizer, build_scheduler
+from dflash_train.train.optim import build_optimizer
 
 
 class DDP(DistributedDataParallel):
@@ -65,7 +65,7 @@ def _fully_shard_drafter(trainer, group, device: torch.device) -> None:
     trainer.model = drafter
     cfg = trainer.cfg
     trainer.optimizer = build_optimizer(drafter.parameters(), cfg.optim, fused=device.type == "cuda")
-    trainer.scheduler = build_scheduler(trainer.optimizer, cfg.optim, trainer.total_steps)
+    trainer.scheduler = trainer.build_scheduler()
 
 
 def fully_shard_target(target, group, device: torch.device) -> None:

@@ -257,8 +257,12 @@ def meta_prompts(n: int, rng: random.Random) -> list[tuple[str, str]]:
 
 def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, temperature: float = 0.9,
                top_p: float = 0.95, max_new_tokens: int = 64, seed: int = 0, max_rounds: int = 20,
-               log=print) -> int:
-    """Add up to ``num`` target-written prompts to ``prompts``; returns how many were added."""
+               log=print, max_seconds: float | None = None) -> int:
+    """Add up to ``num`` target-written prompts to ``prompts``; returns how many were added.
+
+    ``max_seconds`` bounds the generation time: no new batch starts once it is spent (what
+    was generated is kept), so a caller with a time limit still gets its prompts written."""
+    deadline = time.perf_counter() + max_seconds if max_seconds else None
     from dflash_train.data.generators import SamplingParams
 
     rng = random.Random(seed)
@@ -273,6 +277,9 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
         t0 = time.perf_counter()
         gens = []
         for i in range(0, n, batch_size):
+            if deadline is not None and time.perf_counter() > deadline:
+                metas = metas[:i]
+                break
             chunk = metas[i:i + batch_size]
             gens += generator.generate([[{"role": "user", "content": m}] for m, _ in chunk], params)
         dt = time.perf_counter() - t0
@@ -284,8 +291,11 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
             text = clean_prompt(gen.content)
             if text is not None and prompts.add(text, f"synthetic/{topic}"):
                 added += 1
-        log(f"prompts: synthetic round {rnd}: {n} generations, {toks} tokens in {dt:.1f}s "
+        log(f"prompts: synthetic round {rnd}: {len(gens)} generations, {toks} tokens in {dt:.1f}s "
             f"({toks / max(dt, 1e-9):.0f} tok/s), kept {added - before}")
+        if deadline is not None and time.perf_counter() > deadline:
+            log(f"prompts: time limit of {max_seconds:g}s reached")
+            break
     return added
 
 
@@ -313,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-seeds", action="store_true", help="only synthetic prompts")
     parser.add_argument("--heldout", default=None, help="held-out prompts file (default: the packaged one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="stop generating synthetic prompts after this long (keeps what is done)")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -332,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prompts: loaded {args.target} ({args.backend}) in {time.perf_counter() - t1:.1f}s", flush=True)
         t1 = time.perf_counter()
         added = synthesize(generator, prompts, args.num_synthetic, args.batch_size, args.temperature, args.top_p,
-                           seed=args.seed, log=lambda s: print(s, flush=True))
+                           seed=args.seed, log=lambda s: print(s, flush=True),
+                           max_seconds=args.max_seconds)
         print(f"prompts: {added} synthetic prompts in {time.perf_counter() - t1:.1f}s", flush=True)
     records = prompts.records()
     random.Random(args.seed).shuffle(records)

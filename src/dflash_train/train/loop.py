@@ -31,6 +31,24 @@ class PeriodicSaver:
         self.last = time.monotonic()
 
 
+class EvalSchedule:
+    """Held-out evaluation every N steps and/or every M minutes of TRAINING time (the time
+    spent evaluating does not count, so evaluations never crowd out training)."""
+
+    def __init__(self, every_steps: int, every_minutes: float, train_seconds: float):
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60
+        self.next_at = train_seconds + self.every_seconds
+
+    def __call__(self, trainer: Trainer) -> bool:
+        by_steps = self.every_steps > 0 and trainer.counters.step % self.every_steps == 0
+        by_time = self.every_seconds > 0 and trainer.counters.train_seconds >= self.next_at
+        if by_time:
+            while self.next_at <= trainer.counters.train_seconds:
+                self.next_at += self.every_seconds
+        return by_steps or by_time
+
+
 def write_run_config(trainer: Trainer) -> None:
     if not trainer.ranks.is_main:
         return
@@ -59,13 +77,14 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
         summary["tau_before"] = evaluator(trainer)
     saver = PeriodicSaver(cfg.train.save_every_steps, cfg.train.save_every_minutes)
+    eval_due = EvalSchedule(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
 
     def on_step_end(t: Trainer) -> None:
         if saver.due(t.counters.step) and t.counters.step < t.total_steps:
             save_checkpoint(t)
             saver.saved()
-        if evaluator is not None and cfg.eval.every and t.counters.step % cfg.eval.every == 0:
-            evaluator(t)
+        if evaluator is not None and eval_due(t) and not t.stop_requested:
+            evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
 
     result = trainer.run(on_step_end)
     final = save_checkpoint(trainer)

@@ -24,8 +24,16 @@ def cosine_with_warmup(step: int, total_steps: int, warmup_steps: int, min_ratio
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer, cfg: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(optimizer, cfg: OptimConfig, total_steps: int,
+                    time_fraction=None) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine with warmup over ``total_steps``. ``time_fraction()`` (a training-time budget's
+    spent fraction) moves the schedule on as if ``fraction * total_steps`` steps were done,
+    when that is further than the real step count."""
     warmup = int(round(cfg.warmup_ratio * total_steps))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: cosine_with_warmup(step, total_steps, warmup, cfg.min_lr_ratio)
-    )
+
+    def multiplier(step: int) -> float:
+        if time_fraction is not None:
+            step = max(step, time_fraction() * total_steps)
+        return cosine_with_warmup(step, total_steps, warmup, cfg.min_lr_ratio)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -52,6 +52,7 @@ class Counters:
     step: int = 0  # optimizer steps done
     samples: int = 0  # sequences consumed (all ranks)
     tokens: int = 0  # context tokens consumed (all ranks)
+    train_seconds: float = 0.0  # wall time inside training steps (for train.time_budget_minutes)
 
 
 @dataclass
@@ -86,9 +87,10 @@ class Trainer:
                             compile=cfg.train.compile and self.device.type == "cuda")
         self._build_data()
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, fused=self.device.type == "cuda")
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.counters = Counters()
+        self.scheduler = self.build_scheduler()
         self.stop_requested = False
+        self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
         self.logger: MetricLogger | None = None
         self.model = self.drafter  # what forward calls: wrapped by DDP / compile in the parallel layer
         # Where context features come from: the local target (colocated) by default; the
@@ -96,6 +98,12 @@ class Trainer:
         self.feature_source = self.local_features
 
     # -- set-up ----------------------------------------------------------------------------
+    def build_scheduler(self):
+        """The LR schedule over ``total_steps`` (and the time budget, when one is set)."""
+        budget = self.cfg.train.time_budget_minutes * 60
+        spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None
+        return build_scheduler(self.optimizer, self.cfg.optim, self.total_steps, spent)
+
     def _resolve_drafter(self):
         facts = self.target.facts
         mask_id, reason = None, "given in the config"
@@ -215,15 +223,22 @@ class Trainer:
         window = MetricWindow()
         bar = self._progress_bar()
         history = []
+        budget_s = self.cfg.train.time_budget_minutes * 60
         with _stop_on_signals(self):
             while self.counters.step < self.total_steps and not self.stop_requested:
+                started = time.monotonic()
                 micro_batches = self.batches.next_step()
                 loss, stats, grad_norm = self.train_step(micro_batches)
                 self._count(micro_batches)
+                self.counters.train_seconds += time.monotonic() - started
+                if budget_s > 0 and self.counters.train_seconds >= budget_s and not self.stop_requested:
+                    self.echo(f"time budget of {budget_s / 60:g} min spent at step {self.counters.step}")
+                    self.stop_requested = True  # distributed: agreed by all ranks after the next step
                 window.add_step(loss, stats, sum(int(mb.attention_mask.sum()) for mb in micro_batches))
                 if bar is not None:
                     bar.update(1)
-                if self.counters.step % self.cfg.train.log_every == 0 or self.counters.step == self.total_steps:
+                last = self.counters.step == self.total_steps or self.stop_requested
+                if self.counters.step % self.cfg.train.log_every == 0 or last:
                     record = {**window.summary(), "lr": self.scheduler.get_last_lr()[0],
                               "grad_norm": float(grad_norm), "epoch": micro_batches[0].epoch}
                     record["tokens_per_s"] *= self.ranks.world
@@ -234,7 +249,7 @@ class Trainer:
                     on_step_end(self)
         if bar is not None:
             bar.close()
-        return {"history": history, "steps": self.counters.step, "stopped_early": self.stop_requested}
+        return {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
 
     def open_logger(self) -> MetricLogger:
         if self.logger is None:
@@ -287,6 +302,7 @@ class _stop_on_signals:
         if self.trainer.stop_requested:
             return
         self.first_signal = time.monotonic()
+        self.trainer.signalled = True
         self.trainer.stop_requested = True
         self.trainer.echo(f"signal {signal.Signals(signum).name}: finishing this step, then saving and exiting")
 
