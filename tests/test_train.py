@@ -107,6 +107,13 @@ def test_config_errors_say_what_to_fix(tmp_path):
         load_config("cpu-demo", ["train.attention=flex"])
     for recipe in ("cpu-demo", "smollm2-1gpu", "qwen3-8b"):
         assert load_config(recipe).drafter.num_hidden_layers >= 1
+    # YAML 1.1 reads 1e-3 (no dot) as text: numeric fields take it as the number it means
+    cfg = load_config("cpu-demo", ["optim.lr=1e-3", "train.max_steps=2e2", "eval.every_minutes=1"])
+    assert cfg.optim.lr == 1e-3 and cfg.train.max_steps == 200 and isinstance(cfg.train.max_steps, int)
+    with pytest.raises(ValueError, match=r"optim\.lr must be a number, got 'fast'"):
+        load_config("cpu-demo", ["optim.lr=fast"])
+    with pytest.raises(ValueError, match="time_budget_minutes"):
+        load_config("cpu-demo", ["train.time_budget_minutes=-1"])
 
 
 SCRIPT = """

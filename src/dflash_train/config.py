@@ -158,8 +158,26 @@ def _build(cls, data: dict[str, Any], where: str):
     for name, value in data.items():
         if name == "betas" and isinstance(value, list):
             value = tuple(value)
-        kwargs[name] = value
+        kwargs[name] = _coerce_number(value, str(known[name].type), f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _coerce_number(value: Any, annotation: str, key: str) -> Any:
+    """Numbers written as text: YAML 1.1 reads ``1e-3`` (no dot) as a string. A numeric
+    field gets the number, or a ``ValueError`` naming the key (never a TypeError later)."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    numeric = kinds & {"float", "int"}
+    if not numeric or isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+        return int(number) if "float" not in numeric and number.is_integer() else number
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return value
 
 
 def config_from_dict(data: dict[str, Any]) -> JobConfig:

@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
-# Stages 3-5: train (B=16), export, held-out eval. Training must fit one <= 10 minute command:
-# cap it with MAX_STEPS (or EPOCHS) and run export+eval as a separate command if needed (STAGES).
-# Usage: bash src/dflash_train/recipes/smollm2/train.sh        (STAGES="train export eval")
+# Stages 3-5: train (B=16, wall-clock budget), export, held-out eval.
+# The training command fits one <= 10 minute device command: TIME_BUDGET minutes of training steps
+# (LR warmup + cosine complete inside it) plus start-up, held-out evals and the final save.
+# Usage: TIME_BUDGET=6 bash src/dflash_train/recipes/smollm2/train.sh   (STAGES="train export eval")
 set -euo pipefail
 TARGET=${TARGET:-assets/smollm2}
 DATA=${DATA:-runs/smollm2/data}
 RUN=${RUN:-runs/smollm2/run}
 EXPORT=${EXPORT:-runs/smollm2/drafter}
-EPOCHS=${EPOCHS:-3}
-MAX_STEPS=${MAX_STEPS:-null}        # e.g. 3000 to bound wall time
+TIME_BUDGET=${TIME_BUDGET:-6}
 STAGES=${STAGES:-"train export eval"}
 DFT=${DFT:-dflash-train}
-HELDOUT=$(python -c "from dflash_train.recipes.offline_data import heldout_prompts_path as p; print(p())")
+HELDOUT=${HELDOUT:-src/dflash_train/recipes/heldout_prompts.txt}
 stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
-PATHS="$DATA/greedy.jsonl"
-[ -s "$DATA/sampled.jsonl" ] && PATHS="$PATHS,$DATA/sampled.jsonl"
+PATHS=$(ls "$DATA"/greedy-*.jsonl | paste -sd, -)
 
 if [[ " $STAGES " == *" train "* ]]; then
-  $DFT train smollm2-1gpu "data.paths=[$PATHS]" "train.run_dir=$RUN" "train.epochs=$EPOCHS" \
-    "train.max_steps=$MAX_STEPS" "drafter.block_size=16" "$@"
+  $DFT train smollm2-1gpu "data.paths=[$PATHS]" "train.run_dir=$RUN" "train.time_budget_minutes=$TIME_BUDGET" "$@"
   stage "train done"
 fi
 if [[ " $STAGES " == *" export "* ]]; then
@@ -27,6 +25,7 @@ if [[ " $STAGES " == *" export "* ]]; then
   stage "export done"
 fi
 if [[ " $STAGES " == *" eval "* ]]; then
-  $DFT eval --target "$TARGET" --drafter "$EXPORT" --prompts "$HELDOUT" --block-size 16 --out "$RUN/eval"
+  $DFT eval --target "$TARGET" --drafter "$EXPORT" --prompts "$HELDOUT" --block-size 16 --dtype float32 \
+    --max-new-tokens 128 --out "$RUN/eval"
   stage "eval done"
 fi

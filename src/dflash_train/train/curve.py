@@ -1,0 +1,90 @@
+"""The training curve of a run as a PNG: expected acceptance (from training accuracy) next to
+the real held-out tau over steps.
+
+Training accuracy flatters a drafter (teacher-forced, on the training distribution); the
+held-out tau comes from real speculative decoding on prompts never trained on. Plotting
+both on one axis shows the gap, which is the number that matters::
+
+    python -m dflash_train.train.curve runs/smollm2 --out curve.png [--label main] [RUN2 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) series from ``metrics.jsonl``: expected acceptance, held-out tau, loss."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no metrics.jsonl (is {run_dir} a training run folder?)")
+    series: dict[str, list[tuple[int, float]]] = {"expected_acceptance": [], "tau": [], "loss": []}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
+        for key in series:
+            if key in record and "step" in record:
+                series[key].append((int(record["step"]), float(record[key])))
+    return series
+
+
+def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for (label, series), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+        if series["expected_acceptance"]:
+            steps, values = zip(*series["expected_acceptance"])
+            ax1.plot(steps, values, color=color, alpha=0.6, label=f"{label}: expected acceptance (train accuracy)")
+        if series["tau"]:
+            steps, values = zip(*series["tau"])
+            ax1.plot(steps, values, color=color, marker="o", lw=2, label=f"{label}: held-out tau (spec. decoding)")
+        if series["loss"]:
+            steps, values = zip(*series["loss"])
+            ax2.plot(steps, values, color=color, label=label)
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylabel("tokens per verify step")
+    ax1.legend(fontsize=8)
+    ax1.grid(alpha=0.3)
+    ax2.set_xlabel("optimizer step")
+    ax2.set_ylabel("training loss (decayed CE)")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    parser.add_argument("--label", action="append", default=None, help="one per run (default: folder names)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    labels = args.label or [Path(r).name for r in args.runs]
+    if len(labels) != len(args.runs):
+        parser.error("give one --label per run")
+    try:
+        runs = {label: read_curve(run) for label, run in zip(labels, args.runs)}
+    except (FileNotFoundError, ValueError) as err:
+        print(f"curve: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {plot_curves(runs, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
