@@ -82,16 +82,25 @@ def fully_shard_target(target, group, device: torch.device) -> None:
 
 
 class Timings:
-    """Seconds spent per phase since the last log line, reported as per-step means."""
+    """Seconds spent per phase since the last log line, reported as per-step means.
+
+    No host synchronization in the step: on CUDA a phase is timed with a pair of CUDA events
+    recorded on the current stream (GPU time of the work between them), and the events are
+    resolved once per log line (``summary``), where the logger synchronizes anyway to read
+    the loss. On the CPU the host clock is exact (the work is synchronous). ``add`` takes
+    host-measured seconds (the disaggregated receive wait, remote ranks' own timings).
+    """
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.events = device.type == "cuda"
         self.reset()
 
     def reset(self) -> None:
         self.sums: dict[str, float] = {}
         self.steps = 0
-        self.local = 0.0
+        self.local = 0.0  # host seconds of local phases added this step window (see add)
+        self.pending: list[tuple[str, object, object, bool]] = []  # (name, start, end, local)
 
     def add(self, name: str, seconds: float, local: bool = True) -> None:
         """``local``: time this process spent inside a step (subtracted from drafter compute);
@@ -100,23 +109,46 @@ class Timings:
         if local:
             self.local += seconds
 
+    def mark(self):
+        """A point in time: a recorded CUDA event, or the host clock."""
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def span(self, name: str, start, end, local: bool = True) -> None:
+        """Account ``start`` -> ``end`` (two marks) to ``name`` (resolved lazily on CUDA)."""
+        if self.events:
+            self.pending.append((name, start, end, local))
+        else:
+            self.add(name, end - start, local)
+
     @contextlib.contextmanager
     def measure(self, name: str):
-        self.sync()
-        start = time.perf_counter()
+        start = self.mark()
         try:
             yield
         finally:
-            self.sync()
-            self.add(name, time.perf_counter() - start)
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            self.span(name, start, self.mark())
 
     def summary(self) -> dict[str, float]:
+        """Per-step means since the last call; ``drafter_compute`` = step - local phases."""
+        if self.pending:
+            torch.cuda.synchronize(self.device)
+        step_total, local = 0.0, self.local
+        for name, start, end, is_local in self.pending:
+            seconds = start.elapsed_time(end) / 1e3
+            if name == "step":
+                step_total += seconds
+                continue
+            self.sums[name] = self.sums.get(name, 0.0) + seconds
+            local += seconds if is_local else 0.0
+        step_total += self.sums.pop("step", 0.0)
         steps = max(self.steps, 1)
         out = {f"{k}_s": v / steps for k, v in self.sums.items()}
+        if self.steps:
+            out["drafter_compute_s"] = max(0.0, step_total - local) / steps
         self.reset()
         return out
 
@@ -138,26 +170,35 @@ class TimedLogger(MetricLogger):
         super().log(step, record, echo)
 
 
-def install_step_hooks(trainer, group, comm_device: torch.device, timings: Timings, on_last_step=None) -> None:
+def control_group(group, ranks: list[int] | None = None):
+    """A gloo (CPU) group over the same ranks for small control messages (the stop flag):
+    a collective on it never waits for the GPU. Every rank of the job must call this (it
+    creates a process group, and ranks outside ``group`` cannot query it); with gloo already,
+    ``group`` itself is returned."""
+    if dist.get_backend() == "gloo":
+        return group
+    return dist.new_group(ranks=ranks, backend="gloo")
+
+
+def install_step_hooks(trainer, group, control, timings: Timings, on_last_step=None) -> None:
     """Per step: time it (drafter compute = step time - target forward - receive waits) and agree on stopping.
 
-    SIGINT/SIGTERM can reach the ranks at different steps; every rank must leave the loop
-    after the SAME step (DDP and the checkpoint are collective), so the stop flag is
-    max-reduced over the drafter group after each step.
+    SIGINT/SIGTERM (or the time budget) can reach the ranks at different steps; every rank
+    must leave the loop after the SAME step (DDP and the checkpoint are collective), so the
+    stop flag is max-reduced after each step over ``control``, a CPU (gloo) group over the
+    drafter ranks: agreeing costs a host round-trip, never a GPU synchronization.
     """
     _agree_on_stop(trainer)
     inner = trainer.train_step
 
     def train_step(micro_batches):
-        start, other = time.perf_counter(), timings.local
+        start = timings.mark()
         out = inner(micro_batches)
-        timings.sync()
-        other = timings.local - other  # target forward (colocated) or receive wait (disaggregated)
-        timings.add("drafter_compute", time.perf_counter() - start - other, local=False)
+        timings.span("step", start, timings.mark(), local=False)
         timings.steps += 1
-        flag = torch.tensor([1.0 if trainer._local_stop else 0.0], device=comm_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        if flag.item() > 0 and not trainer._agreed_stop:
+        flag = torch.tensor([1 if trainer._local_stop else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
+        if int(flag[0]) > 0 and not trainer._agreed_stop:
             trainer._agreed_stop = True
             trainer.echo("stop requested: every rank stops after this step")
         if on_last_step is not None and (trainer.stop_requested or trainer.counters.step + 1 >= trainer.total_steps):

@@ -15,7 +15,7 @@ import sys
 import torch.distributed as dist
 
 from dflash_train.config import JobConfig, load_config
-from dflash_train.dist.common import Timings, fully_shard_target, install_step_hooks, wrap_drafter
+from dflash_train.dist.common import Timings, control_group, fully_shard_target, install_step_hooks, wrap_drafter
 from dflash_train.dist.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
 from dflash_train.dist.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.train.loop import train
@@ -62,6 +62,7 @@ def _echo_for(env: DistEnv, echo):
 
 def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
     group = dist.group.WORLD
+    control = control_group(group)
     ranks = RankInfo(env.rank, env.world, group)
     device = resolve_device(cfg.train.device)
     timings = Timings(device)
@@ -81,7 +82,7 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
 
         trainer.feature_source = timed_features
         wrap_drafter(trainer, group, device)
-        install_step_hooks(trainer, group, env.comm_device, timings)
+        install_step_hooks(trainer, group, control, timings)
 
     echo_fn = _echo_for(env, echo)
     echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
@@ -96,6 +97,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, ech
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")
     drafter_group = dist.new_group(topo.drafters())  # every rank must create every group
+    control = control_group(drafter_group, topo.drafters())
     device = resolve_device(cfg.train.device)
     timings = Timings(device)
     if env.rank != 0:
@@ -117,7 +119,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, ech
             dist.barrier()
         receiver.append(FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings))
         wrap_drafter(trainer, drafter_group, device)
-        install_step_hooks(trainer, drafter_group, env.comm_device, timings, on_last_step=receiver[0].finish)
+        install_step_hooks(trainer, drafter_group, control, timings, on_last_step=receiver[0].finish)
 
     echo_fn = _echo_for(env, echo)
     echo_fn(f"disaggregated: {topo.drafter_ranks} drafter ranks (0..{topo.drafter_ranks - 1}), "
