@@ -99,3 +99,16 @@ def test_cuda_flex_compiled_tiny(tmp_path):
     assert result["recompiles_after_warmup"] == 0
     assert result["dynamo_graphs_total"] > 0
     assert math.isfinite(result["last_loss"])
+
+
+def test_bench_and_eval_need_no_data_stack():
+    """The GPU machine lacks `datasets` unless it is carried: the bench, eval and export paths
+    must import without it (it is loaded only where data is read)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import dflash_train.cli, dflash_train.bench.run, dflash_train.eval.evaluate, "
+            "dflash_train.export.serving, dflash_train.train.trainer; "
+            "assert 'datasets' not in sys.modules, 'datasets imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from .batching import BatchIterator, BatchPlan, MicroBatch
 from .cache import cache_key, cached_build, default_cache_dir
 from .errors import DataError, SkipReport
 from .readers import read_records, resolve_files
 from .tokenize import TokenizeOptions, check_chat_template, tokenize_records
+
+if TYPE_CHECKING:
+    import datasets
 
 __all__ = ["BatchIterator", "BatchPlan", "DataConfig", "DataError", "MicroBatch", "SkipReport",
            "load_tokenized", "tokenize_options"]

@@ -14,22 +14,32 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from functools import cache
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from .errors import SkipReport
+
+if TYPE_CHECKING:  # imported where used: paths that never read data (bench, eval) need no `datasets`
+    import datasets
 
 FORMAT_VERSION = 1
 DATA_FILE = "data.arrow"
 REPORT_FILE = "report.json"
-_List = getattr(datasets, "List", datasets.Sequence)
-FEATURES = datasets.Features({
-    "input_ids": _List(datasets.Value("int32")),
-    "loss_mask": _List(datasets.Value("int8")),
-    "length": datasets.Value("int32"),
-    "num_supervised": datasets.Value("int32"),
-})
+
+
+@cache
+def features() -> datasets.Features:
+    """The Arrow schema of a cache entry."""
+    import datasets
+
+    _List = getattr(datasets, "List", datasets.Sequence)
+    return datasets.Features({
+        "input_ids": _List(datasets.Value("int32")),
+        "loss_mask": _List(datasets.Value("int8")),
+        "length": datasets.Value("int32"),
+        "num_supervised": datasets.Value("int32"),
+    })
 
 
 def default_cache_dir() -> Path:
@@ -69,6 +79,8 @@ def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
     if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
         return None
     report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_text()))
+    import datasets
+
     return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
 
 
@@ -90,15 +102,15 @@ def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: in
 def _write_arrow(tmp: Path, rows: Iterable[dict], batch: int) -> None:
     from datasets.arrow_writer import ArrowWriter
 
-    with ArrowWriter(features=FEATURES, path=str(tmp / DATA_FILE)) as writer:
+    with ArrowWriter(features=features(), path=str(tmp / DATA_FILE)) as writer:
         buf: list[dict] = []
         for row in rows:
             buf.append(row)
             if len(buf) >= batch:
-                writer.write_batch({k: [r[k] for r in buf] for k in FEATURES})
+                writer.write_batch({k: [r[k] for r in buf] for k in features()})
                 buf = []
         if buf:
-            writer.write_batch({k: [r[k] for r in buf] for k in FEATURES})
+            writer.write_batch({k: [r[k] for r in buf] for k in features()})
         writer.finalize()
 
 
