@@ -368,6 +368,10 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     kept_blocks = 0
     losses = []
     _sync(device)
+    if world > 1:  # every rank starts its timed loop together
+        import torch.distributed as dist
+
+        dist.barrier()
     start = time.perf_counter()
     for i in range(cfg.warmup, cfg.warmup + cfg.steps):
         loss, kept = train_step(st, batches[i])
