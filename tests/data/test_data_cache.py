@@ -87,3 +87,22 @@ def test_validate_budget_against_padded_max_length():
         DataConfig(paths=["x"], max_length=1000, token_budget=1000).validate()
     with pytest.raises(ValueError, match="data.max_length"):
         DataConfig(paths=["x"], max_length=0).validate()
+
+
+def test_max_examples_is_a_fixed_nested_subset_sharing_the_cache(tmp_path, chatml_tok, counter):
+    write_jsonl(tmp_path / "d.jsonl", ROWS)
+    full, _ = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    rows = [tuple(r) for r in full["input_ids"]]
+    picked = {}
+    for n in (2, 3, 5, 50):
+        ds, _ = load_tokenized(cfg(tmp_path, max_examples=n), chatml_tok, block_size=4)
+        picked[n] = [tuple(r) for r in ds["input_ids"]]
+        assert len(picked[n]) == min(n, 5)
+        assert [rows.index(r) for r in picked[n]] == sorted(rows.index(r) for r in picked[n])  # original order
+    assert set(picked[2]) <= set(picked[3]) <= set(picked[5])  # nested: a scaling curve adds data
+    assert picked[5] == picked[50] == rows
+    again, _ = load_tokenized(cfg(tmp_path, max_examples=3), chatml_tok, block_size=4)
+    assert [tuple(r) for r in again["input_ids"]] == picked[3]  # deterministic
+    assert len(counter) == 1  # every size reused the one tokenized cache entry
+    with pytest.raises(ValueError, match="max_examples"):
+        DataConfig(paths=["x"], max_examples=0).validate()

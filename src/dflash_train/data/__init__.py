@@ -40,6 +40,9 @@ class DataConfig:
     cache_dir: str | None = None
     token_budget: int = 8192
     pad_to_multiple: int = 64
+    # Train on a fixed random subset of at most this many examples (data-size scaling runs);
+    # the subset depends only on the data, so every rank and every size share one cache entry.
+    max_examples: int | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -54,6 +57,9 @@ class DataConfig:
         mst = self.min_supervised_tokens
         if mst is not None and (not isinstance(mst, int) or isinstance(mst, bool) or mst < 0):
             raise ValueError(f"data.min_supervised_tokens: expected a non-negative integer or null, got {mst!r}")
+        me = self.max_examples
+        if me is not None and (not isinstance(me, int) or isinstance(me, bool) or me < 1):
+            raise ValueError(f"data.max_examples: expected a positive integer or null, got {me!r}")
         padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
         if self.token_budget < padded:
             raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "
@@ -84,4 +90,16 @@ def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[dataset
     ds, report = cached_build(cache_dir, key, build)
     if len(ds) == 0:
         raise ValueError(f"no usable training examples in {cfg.paths}\n{report.format()}")
+    if cfg.max_examples is not None and cfg.max_examples < len(ds):
+        ds = subset(ds, cfg.max_examples)
     return ds, report
+
+
+def subset(ds: datasets.Dataset, n: int) -> datasets.Dataset:
+    """``n`` examples drawn without replacement by a fixed seed, in their original order.
+    Nested: the subset of size n is contained in the subset of any larger size."""
+    import random
+
+    order = list(range(len(ds)))
+    random.Random(0).shuffle(order)
+    return ds.select(sorted(order[:n]))
