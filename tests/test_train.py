@@ -112,6 +112,11 @@ def test_config_errors_say_what_to_fix(tmp_path):
     assert cfg.optim.lr == 1e-3 and cfg.train.max_steps == 200 and isinstance(cfg.train.max_steps, int)
     with pytest.raises(ValueError, match=r"optim\.lr must be a number, got 'fast'"):
         load_config("cpu-demo", ["optim.lr=fast"])
+    for bad, message in (("train.max_steps=1.5", "whole number"), ("optim.lr=.nan", "finite"),
+                         ("train.max_steps=true", "must be a number"), ("optim.lr=[1]", "must be a number")):
+        with pytest.raises(ValueError, match=message):
+            load_config("cpu-demo", [bad])
+    assert load_config("cpu-demo", ["train.max_steps=12345678901234567891"]).train.max_steps == 12345678901234567891
     with pytest.raises(ValueError, match="time_budget_minutes"):
         load_config("cpu-demo", ["train.time_budget_minutes=-1"])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -61,9 +62,10 @@ class TrainConfig:
     seed: int = 0
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs when set
-    # > 0: a wall-clock budget for the training steps (evaluation and checkpoint time excluded).
-    # The run stops when it is spent, and the LR schedule runs on max(step / steps, time / budget),
-    # so warmup and cosine decay complete inside the budget whatever the hardware's speed.
+    # > 0: a wall-clock budget for the training steps (evaluation, checkpoints and the first,
+    # compiling step excluded; ranks agree on the max). The run stops when it is spent, and the
+    # LR schedule runs on max(step / steps, time / budget), so warmup and cosine decay
+    # complete inside the budget whatever the hardware's speed.
     time_budget_minutes: float = 0.0
     grad_accum: int = 1
     num_anchors: int = 512
@@ -78,7 +80,7 @@ class TrainConfig:
     tensorboard: bool = True
     progress: bool = True
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
-    save_every_minutes: float = 0.0
+    save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes
     keep_last: int = 2
     resume: str | None = None  # a checkpoint folder, or "auto" for the newest in run_dir
     init_from: str | None = None  # a DFlash serving folder to warm-start the drafter
@@ -164,20 +166,30 @@ def _build(cls, data: dict[str, Any], where: str):
 
 def _coerce_number(value: Any, annotation: str, key: str) -> Any:
     """Numbers written as text: YAML 1.1 reads ``1e-3`` (no dot) as a string. A numeric
-    field gets the number, or a ``ValueError`` naming the key (never a TypeError later)."""
+    field gets the number it means, or a ``ValueError`` naming the key (never a TypeError
+    later): integers must be whole, floats finite, and booleans are not numbers."""
     kinds = {part.strip() for part in annotation.split("|")}
     numeric = kinds & {"float", "int"}
-    if not numeric or isinstance(value, bool) or value is None:
+    if not numeric or value is None:
         return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    number = value
     if isinstance(value, str):
         try:
-            number = float(value)
+            number = int(value)
         except ValueError:
-            raise ValueError(f"{key} must be a number, got {value!r}") from None
-        return int(number) if "float" not in numeric and number.is_integer() else number
-    if not isinstance(value, (int, float)):
-        raise ValueError(f"{key} must be a number, got {value!r}")
-    return value
+            try:
+                number = float(value)
+            except ValueError:
+                raise ValueError(f"{key} must be a number, got {value!r}") from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    if "float" not in numeric:  # an int field
+        if isinstance(number, float) and not number.is_integer():
+            raise ValueError(f"{key} must be a whole number, got {value!r}")
+        return int(number)
+    return number
 
 
 def config_from_dict(data: dict[str, Any]) -> JobConfig:

@@ -2,6 +2,9 @@
 
     dist_worker.py JOB_DIR TARGET_RANKS DRAFTER_RANKS GRAD_ACCUM MAX_STEPS [train.key=value ...]
 
+``SLOW=rank:seconds`` makes global rank ``rank`` sleep that long in every training step (a
+slower GPU); every rank then prints ``CLOCK`` lines with its LR and training clock per step.
+
 Fault injection through the environment: ``CRASH=rank:step:how[:marker]`` makes global
 rank ``rank`` die when its trainer starts step ``step`` (drafter/colocated ranks) or its
 target server computes its ``step``-th micro-batch (target ranks); ``how`` is ``exit``
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -64,10 +68,28 @@ def install_crash(spec: str) -> None:
     disagg.TargetServer._compute = crashing_compute
 
 
+def install_slow(spec: str) -> None:
+    rank, seconds = spec.split(":")
+    me = int(os.environ["RANK"])
+    train_step = Trainer.train_step
+
+    def slow_step(self, micro_batches):
+        if me == int(rank):
+            time.sleep(float(seconds))
+        out = train_step(self, micro_batches)
+        print(f"CLOCK rank {me} step {self.counters.step} lr {self.scheduler.get_last_lr()[0]!r} "
+              f"seconds {self.counters.train_seconds!r}", flush=True)
+        return out
+
+    Trainer.train_step = slow_step
+
+
 def main() -> None:
     folder, targets, drafters, accum, steps, *overrides = sys.argv[1:]
     if os.environ.get("CRASH"):
         install_crash(os.environ["CRASH"])
+    if os.environ.get("SLOW"):
+        install_slow(os.environ["SLOW"])
     extra = {}
     for item in overrides:
         key, value = item.split("=", 1)

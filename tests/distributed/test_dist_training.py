@@ -4,6 +4,7 @@ clean shutdown, a dead rank ends the job quickly, torchrun restarts resume."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -154,3 +155,20 @@ def test_sigint_to_torchrun_stops_all_ranks_cleanly(tmp_path):
     assert 3 <= step < 400
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stopped_early"] and summary["steps"] == step
+
+
+def test_time_budget_is_agreed_by_ranks_with_different_speeds(tmp_path):
+    """train.time_budget_minutes under 2 colocated ranks, one slower: the ranks share one clock
+    (the max), so they use the same LR at every step, evaluate-or-not and stop at the same step."""
+    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", "100000", "train.time_budget_minutes=0.04",
+                             SLOW="1:0.05")
+    assert_clean(rc, out, err, ranks=2)
+    clocks = {}
+    for rank, step, lr, seconds in re.findall(r"CLOCK rank (\d+) step (\d+) lr ([-+.e\d]+) seconds ([-+.e\d]+)", out):
+        clocks.setdefault(int(step), {})[int(rank)] = (float(lr), float(seconds))
+    assert len(clocks) > 2
+    for step, by_rank in clocks.items():
+        assert by_rank[0] == by_rank[1], (step, by_rank)  # same LR and same clock on both ranks
+    exited = dict(re.findall(r"EXITED rank (\d+) steps (\d+)", out))
+    assert len(set(exited.values())) == 1  # both stopped after the same step
+    assert int(exited["0"]) < 100000

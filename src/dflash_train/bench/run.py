@@ -290,13 +290,14 @@ def _init_distributed(cfg: BenchConfig):
     return env
 
 
-def _slowest(seconds: float, device: torch.device, world: int) -> float:
+def _across_ranks(value: float, device: torch.device, world: int, op: str = "max") -> float:
+    """``value`` reduced over ranks (``max`` or ``sum``); itself in one process."""
     if world < 2:
-        return seconds
+        return value
     import torch.distributed as dist
 
-    t = torch.tensor([seconds], dtype=torch.float64, device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([value], dtype=torch.float64, device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return float(t)
 
 
@@ -307,10 +308,15 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     from dflash_train.dist.env import shutdown
 
     env = _init_distributed(cfg)
-    try:
+    if env is None:
         return _run_bench(cfg, env, log)
-    finally:
-        shutdown(clean=env is not None)
+    try:
+        result = _run_bench(cfg, env, log)
+    except BaseException:
+        shutdown(clean=False)  # no barrier: the other ranks may be inside a collective
+        raise
+    shutdown()
+    return result
 
 
 def _run_bench(cfg: BenchConfig, env, log) -> dict:
@@ -378,7 +384,8 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         losses.append(loss)
         kept_blocks += kept
     _sync(device)
-    timed_s = _slowest(time.perf_counter() - start, device, world)
+    timed_s = _across_ranks(time.perf_counter() - start, device, world)  # the slowest rank's loop
+    kept_blocks = int(_across_ranks(kept_blocks, device, world, op="sum"))
     step_s = timed_s / cfg.steps
     first_step_s = warmup_times[0] if warmup_times else None
     if not warmup_times:  # the first timed step carried the compile; say so
@@ -428,8 +435,8 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         "context_tokens_per_s": tokens_per_step / step_s,
         "world_size": world,
         "context_tokens_per_s_per_gpu": tokens_per_step / step_s / world,
-        "drafted_positions_per_step": kept_blocks * cfg.block_size / cfg.steps * world,
-        "drafted_positions_per_s": kept_blocks * cfg.block_size / timed_s * world,
+        "drafted_positions_per_step": kept_blocks * cfg.block_size / cfg.steps,
+        "drafted_positions_per_s": kept_blocks * cfg.block_size / timed_s,
         "flops_per_context_token": flops.per_token,
         "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in flops.per_token_breakdown().items()},
         "achieved_tflops": achieved,

@@ -180,15 +180,16 @@ def control_group(group, ranks: list[int] | None = None):
     return dist.new_group(ranks=ranks, backend="gloo")
 
 
-def install_step_hooks(trainer, group, control, timings: Timings, on_last_step=None) -> None:
-    """Per step: time it (drafter compute = step time - target forward - receive waits) and agree on stopping.
+def install_step_hooks(trainer, control, timings: Timings, on_last_step=None) -> None:
+    """Per step: time it (drafter compute = step time - target forward) and agree on the clock.
 
-    SIGINT/SIGTERM (or the time budget) can reach the ranks at different steps; every rank
-    must leave the loop after the SAME step (DDP and the checkpoint are collective), so the
-    stop flag is max-reduced after each step over ``control``, a CPU (gloo) group over the
-    drafter ranks: agreeing costs a host round-trip, never a GPU synchronization.
+    Ranks must make the same decisions after every step: stop or go on (DDP and checkpoints
+    are collective), evaluate or not, and the LR (which follows the time budget). So after each
+    step one small all-reduce (MAX) over ``control``, a CPU (gloo) group of the drafter ranks,
+    agrees on [stop requested, signalled, training seconds]: a host round-trip, never a GPU
+    synchronization. ``on_last_step`` runs on the step after which the ranks stop.
     """
-    _agree_on_stop(trainer)
+    _agree_on_stop(trainer, control, on_last_step)
     inner = trainer.train_step
 
     def train_step(micro_batches):
@@ -196,23 +197,17 @@ def install_step_hooks(trainer, group, control, timings: Timings, on_last_step=N
         out = inner(micro_batches)
         timings.span("step", start, timings.mark(), local=False)
         timings.steps += 1
-        flag = torch.tensor([1 if trainer._local_stop else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
-        if int(flag[0]) > 0 and not trainer._agreed_stop:
-            trainer._agreed_stop = True
-            trainer.echo("stop requested: every rank stops after this step")
-        if on_last_step is not None and (trainer.stop_requested or trainer.counters.step + 1 >= trainer.total_steps):
-            on_last_step()
         return out
 
     trainer.train_step = train_step
     trainer.logger = TimedLogger(trainer.run_dir, trainer.cfg.train.tensorboard, trainer.ranks.is_main, timings)
 
 
-def _agree_on_stop(trainer) -> None:
-    """``trainer.stop_requested`` reads the AGREED flag (set after the per-step all-reduce);
-    writes (the signal handler) only raise this rank's local request. A signal arriving
-    between the all-reduce and the loop's check can then never make one rank stop alone."""
+def _agree_on_stop(trainer, control, on_last_step) -> None:
+    """``trainer.stop_requested`` reads the AGREED flag (set by the per-step all-reduce in
+    ``advance_clock``); writes (the signal handler, a spent budget) only raise this rank's
+    local request. A signal arriving between the all-reduce and the loop's check can then
+    never make one rank stop alone. ``counters.train_seconds`` becomes the max over ranks."""
 
     def get(self):
         return self._agreed_stop
@@ -221,7 +216,23 @@ def _agree_on_stop(trainer) -> None:
         if value:
             self._local_stop = True
 
+    def advance_clock(self, seconds: float) -> None:
+        local_seconds = self.counters.train_seconds + seconds
+        budget = self.cfg.train.time_budget_minutes * 60
+        wants_stop = self._local_stop or (budget > 0 and local_seconds >= budget)
+        message = torch.tensor([float(wants_stop), float(self.signalled), local_seconds], dtype=torch.float64)
+        dist.all_reduce(message, op=dist.ReduceOp.MAX, group=control)
+        self.counters.train_seconds = float(message[2])
+        self.signalled = self.signalled or bool(message[1] > 0)
+        if (message[0] > 0 or self.budget_spent()) and not self._agreed_stop:
+            self._agreed_stop = True
+            reason = "time budget spent" if self.budget_spent() else "stop requested"
+            self.echo(f"{reason}: every rank stops after step {self.counters.step}")
+        if on_last_step is not None and (self._agreed_stop or self.counters.step >= self.total_steps):
+            on_last_step()
+
     base = type(trainer)
-    trainer.__class__ = type(f"Distributed{base.__name__}", (base,), {"stop_requested": property(get, set_)})
+    trainer.__class__ = type(f"Distributed{base.__name__}", (base,),
+                             {"stop_requested": property(get, set_), "advance_clock": advance_clock})
     trainer._local_stop = bool(trainer.__dict__.pop("stop_requested", False))
     trainer._agreed_stop = False

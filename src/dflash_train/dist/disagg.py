@@ -182,7 +182,8 @@ class FeatureReceiver:
         except RuntimeError as err:
             raise _peer_error(err, f"drafter rank {self.rank}: receiving micro-batch {k} from target rank {src}") \
                 from None
-        self.timings.add("drafter_recv_wait", time.perf_counter() - start)
+        # outside the timed step span (features arrive in next_step), so not subtracted from it
+        self.timings.add("drafter_recv_wait", time.perf_counter() - start, local=False)
         self.timings.add("target_forward", fwd_us / 1e6, local=False)
         self.timings.add("target_wait", wait_us / 1e6, local=False)
         ints = ints.cpu()

@@ -82,7 +82,7 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
 
         trainer.feature_source = timed_features
         wrap_drafter(trainer, group, device)
-        install_step_hooks(trainer, group, control, timings)
+        install_step_hooks(trainer, control, timings)
 
     echo_fn = _echo_for(env, echo)
     echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
@@ -119,7 +119,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, ech
             dist.barrier()
         receiver.append(FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings))
         wrap_drafter(trainer, drafter_group, device)
-        install_step_hooks(trainer, drafter_group, control, timings, on_last_step=receiver[0].finish)
+        install_step_hooks(trainer, control, timings, on_last_step=receiver[0].finish)
 
     echo_fn = _echo_for(env, echo)
     echo_fn(f"disaggregated: {topo.drafter_ranks} drafter ranks (0..{topo.drafter_ranks - 1}), "

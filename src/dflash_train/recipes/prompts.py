@@ -262,7 +262,7 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
 
     ``max_seconds`` bounds the generation time: no new batch starts once it is spent (what
     was generated is kept), so a caller with a time limit still gets its prompts written."""
-    deadline = time.perf_counter() + max_seconds if max_seconds else None
+    deadline = time.perf_counter() + max_seconds if max_seconds is not None else None
     from dflash_train.data.generators import SamplingParams
 
     rng = random.Random(seed)

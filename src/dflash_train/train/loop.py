@@ -7,7 +7,6 @@ wrapped model; everything else is the same in one process and in many.
 from __future__ import annotations
 
 import json
-import time
 
 from dflash_train.config import JobConfig
 from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
@@ -15,20 +14,23 @@ from dflash_train.train.trainer import RankInfo, Trainer
 
 
 class PeriodicSaver:
-    """Save every N steps and/or every M minutes (checked after each step)."""
+    """Save every N steps and/or every M minutes of training time (checked after each step).
 
-    def __init__(self, every_steps: int, every_minutes: float):
+    Training time is ``counters.train_seconds``, which ranks agree on after every step: a
+    checkpoint is collective, so every rank must decide to save at the same step."""
+
+    def __init__(self, every_steps: int, every_minutes: float, train_seconds: float):
         self.every_steps = every_steps
         self.every_seconds = every_minutes * 60
-        self.last = time.monotonic()
+        self.last = train_seconds
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, train_seconds: float) -> bool:
         by_steps = self.every_steps > 0 and step % self.every_steps == 0
-        by_time = self.every_seconds > 0 and time.monotonic() - self.last >= self.every_seconds
+        by_time = self.every_seconds > 0 and train_seconds - self.last >= self.every_seconds
         return by_steps or by_time
 
-    def saved(self) -> None:
-        self.last = time.monotonic()
+    def saved(self, train_seconds: float) -> None:
+        self.last = train_seconds
 
 
 class EvalSchedule:
@@ -76,13 +78,13 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
         summary["tau_before"] = evaluator(trainer)
-    saver = PeriodicSaver(cfg.train.save_every_steps, cfg.train.save_every_minutes)
+    saver = PeriodicSaver(cfg.train.save_every_steps, cfg.train.save_every_minutes, trainer.counters.train_seconds)
     eval_due = EvalSchedule(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
 
     def on_step_end(t: Trainer) -> None:
-        if saver.due(t.counters.step) and t.counters.step < t.total_steps:
+        if saver.due(t.counters.step, t.counters.train_seconds) and t.counters.step < t.total_steps:
             save_checkpoint(t)
-            saver.saved()
+            saver.saved(t.counters.train_seconds)
         if evaluator is not None and eval_due(t) and not t.stop_requested:
             evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
 

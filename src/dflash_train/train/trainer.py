@@ -214,6 +214,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    # -- the clock (train.time_budget_minutes) -----------------------------------------------
+    def budget_spent(self) -> bool:
+        budget = self.cfg.train.time_budget_minutes * 60
+        return budget > 0 and self.counters.train_seconds >= budget
+
+    def advance_clock(self, seconds: float) -> None:
+        """Charge one step's wall time to the budget; ask to stop once it is spent. (The
+        distributed layer overrides this to agree on the clock and on stopping.)"""
+        self.counters.train_seconds += seconds
+        if self.budget_spent() and not self.stop_requested:
+            self.echo(f"time budget of {self.cfg.train.time_budget_minutes:g} min spent at step {self.counters.step}")
+            self.stop_requested = True
+
     # -- the loop --------------------------------------------------------------------------
     def run(self, on_step_end=None) -> dict:
         """Train to ``total_steps``. ``on_step_end(trainer)`` runs after every step
@@ -223,17 +236,15 @@ class Trainer:
         window = MetricWindow()
         bar = self._progress_bar()
         history = []
-        budget_s = self.cfg.train.time_budget_minutes * 60
+        first_step = True  # compilation / warm-up: not charged to the time budget
         with _stop_on_signals(self):
-            while self.counters.step < self.total_steps and not self.stop_requested:
+            while self.counters.step < self.total_steps and not self.stop_requested and not self.budget_spent():
                 started = time.monotonic()
                 micro_batches = self.batches.next_step()
                 loss, stats, grad_norm = self.train_step(micro_batches)
                 self._count(micro_batches)
-                self.counters.train_seconds += time.monotonic() - started
-                if budget_s > 0 and self.counters.train_seconds >= budget_s and not self.stop_requested:
-                    self.echo(f"time budget of {budget_s / 60:g} min spent at step {self.counters.step}")
-                    self.stop_requested = True  # distributed: agreed by all ranks after the next step
+                self.advance_clock(0.0 if first_step else time.monotonic() - started)
+                first_step = False
                 window.add_step(loss, stats, sum(int(mb.attention_mask.sum()) for mb in micro_batches))
                 if bar is not None:
                     bar.update(1)
