@@ -248,3 +248,21 @@ def test_scheduler_follows_the_time_fraction():
         opt.step()
         sched.step()
     assert sched.get_last_lr()[0] == pytest.approx(cosine_with_warmup(701, 1000, 100, 0.0))
+
+
+def test_every_steps_or_minutes_of_training_time():
+    """The save/eval schedule: due on multiples of N steps, and each time the training clock
+    crosses the next multiple of M minutes (once per crossing, however far it jumped)."""
+    from types import SimpleNamespace
+
+    from dflash_train.train.loop import Every
+
+    def at(step, seconds):
+        return SimpleNamespace(counters=SimpleNamespace(step=step, train_seconds=seconds))
+
+    by_steps = Every(every_steps=3, every_minutes=0, train_seconds=0.0)
+    assert [s for s in range(1, 10) if by_steps(at(s, 0.0))] == [3, 6, 9]
+    by_time = Every(every_steps=0, every_minutes=1, train_seconds=30.0)  # resumed at 30 s: next at 90 s
+    clock = [(1, 60.0), (2, 89.9), (3, 90.0), (4, 100.0), (5, 400.0), (6, 420.0), (7, 449.9), (8, 450.0)]
+    assert [s for s, t in clock if by_time(at(s, t))] == [3, 5, 8]  # after 400 s the next is 450 s
+    assert not Every(0, 0, 0.0)(at(5, 1e9))

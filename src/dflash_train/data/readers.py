@@ -180,14 +180,20 @@ def normalize(raw: object, location: str) -> list[dict]:
     return messages
 
 
-def _openai(items: object, location: str) -> list[dict]:
+def _turns(items: object, location: str, field: str):
+    """(``field[i]``, turn) for a list of turn objects; a clear error for anything else."""
     if not isinstance(items, list):
-        raise DataError(location, "messages", "wrong_type", f"expected a list, got {type(items).__name__}")
-    out = []
+        raise DataError(location, field, "wrong_type", f"expected a list, got {type(items).__name__}")
     for i, item in enumerate(items):
-        name = f"messages[{i}]"
+        name = f"{field}[{i}]"
         if not isinstance(item, dict):
             raise DataError(location, name, "wrong_type", "expected an object")
+        yield name, item
+
+
+def _openai(items: object, location: str) -> list[dict]:
+    out = []
+    for name, item in _turns(items, location, "messages"):
         role = _text(item.get("role"), location, f"{name}.role")
         if role not in ROLES:
             raise DataError(location, f"{name}.role", "unknown_role", repr(role))
@@ -202,13 +208,8 @@ def _openai(items: object, location: str) -> list[dict]:
 
 
 def _sharegpt(items: object, location: str) -> list[dict]:
-    if not isinstance(items, list):
-        raise DataError(location, "conversations", "wrong_type", f"expected a list, got {type(items).__name__}")
     out = []
-    for i, item in enumerate(items):
-        name = f"conversations[{i}]"
-        if not isinstance(item, dict):
-            raise DataError(location, name, "wrong_type", "expected an object")
+    for name, item in _turns(items, location, "conversations"):
         who = _text(item.get("from"), location, f"{name}.from")
         if who not in SHAREGPT_ROLES:
             raise DataError(location, f"{name}.from", "unknown_role", repr(who))

@@ -99,7 +99,7 @@ class Timings:
     def reset(self) -> None:
         self.sums: dict[str, float] = {}
         self.steps = 0
-        self.local = 0.0  # host seconds of local phases added this step window (see add)
+        self.local = 0.0  # host-measured seconds added with local=True (see add)
         self.pending: list[tuple[str, object, object, bool]] = []  # (name, start, end, local)
 
     def add(self, name: str, seconds: float, local: bool = True) -> None:
@@ -118,11 +118,11 @@ class Timings:
         return time.perf_counter()
 
     def span(self, name: str, start, end, local: bool = True) -> None:
-        """Account ``start`` -> ``end`` (two marks) to ``name`` (resolved lazily on CUDA)."""
-        if self.events:
-            self.pending.append((name, start, end, local))
-        else:
-            self.add(name, end - start, local)
+        """Account ``start`` -> ``end`` (two marks) to ``name``, resolved in ``summary``."""
+        self.pending.append((name, start, end, local))
+
+    def _seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.events else end - start
 
     @contextlib.contextmanager
     def measure(self, name: str):
@@ -134,17 +134,16 @@ class Timings:
 
     def summary(self) -> dict[str, float]:
         """Per-step means since the last call; ``drafter_compute`` = step - local phases."""
-        if self.pending:
-            torch.cuda.synchronize(self.device)
+        if self.events and self.pending:
+            torch.cuda.synchronize(self.device)  # once per log line: the events are done
         step_total, local = 0.0, self.local
         for name, start, end, is_local in self.pending:
-            seconds = start.elapsed_time(end) / 1e3
+            seconds = self._seconds(start, end)
             if name == "step":
                 step_total += seconds
                 continue
             self.sums[name] = self.sums.get(name, 0.0) + seconds
             local += seconds if is_local else 0.0
-        step_total += self.sums.pop("step", 0.0)
         steps = max(self.steps, 1)
         out = {f"{k}_s": v / steps for k, v in self.sums.items()}
         if self.steps:
@@ -218,9 +217,7 @@ def _agree_on_stop(trainer, control, on_last_step) -> None:
 
     def advance_clock(self, seconds: float) -> None:
         local_seconds = self.counters.train_seconds + seconds
-        budget = self.cfg.train.time_budget_minutes * 60
-        wants_stop = self._local_stop or (budget > 0 and local_seconds >= budget)
-        message = torch.tensor([float(wants_stop), float(self.signalled), local_seconds], dtype=torch.float64)
+        message = torch.tensor([float(self._local_stop), float(self.signalled), local_seconds], dtype=torch.float64)
         dist.all_reduce(message, op=dist.ReduceOp.MAX, group=control)
         self.counters.train_seconds = float(message[2])
         self.signalled = self.signalled or bool(message[1] > 0)

@@ -13,29 +13,10 @@ from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_
 from dflash_train.train.trainer import RankInfo, Trainer
 
 
-class PeriodicSaver:
-    """Save every N steps and/or every M minutes of training time (checked after each step).
-
-    Training time is ``counters.train_seconds``, which ranks agree on after every step: a
-    checkpoint is collective, so every rank must decide to save at the same step."""
-
-    def __init__(self, every_steps: int, every_minutes: float, train_seconds: float):
-        self.every_steps = every_steps
-        self.every_seconds = every_minutes * 60
-        self.last = train_seconds
-
-    def due(self, step: int, train_seconds: float) -> bool:
-        by_steps = self.every_steps > 0 and step % self.every_steps == 0
-        by_time = self.every_seconds > 0 and train_seconds - self.last >= self.every_seconds
-        return by_steps or by_time
-
-    def saved(self, train_seconds: float) -> None:
-        self.last = train_seconds
-
-
-class EvalSchedule:
-    """Held-out evaluation every N steps and/or every M minutes of TRAINING time (the time
-    spent evaluating does not count, so evaluations never crowd out training)."""
+class Every:
+    """Due every N steps and/or every M minutes of TRAINING time (``counters.train_seconds``:
+    evaluation and checkpoint time do not count, and ranks agree on it after every step, so
+    every rank makes the same decision: checkpoints and evaluations are collective)."""
 
     def __init__(self, every_steps: int, every_minutes: float, train_seconds: float):
         self.every_steps = every_steps
@@ -45,9 +26,8 @@ class EvalSchedule:
     def __call__(self, trainer: Trainer) -> bool:
         by_steps = self.every_steps > 0 and trainer.counters.step % self.every_steps == 0
         by_time = self.every_seconds > 0 and trainer.counters.train_seconds >= self.next_at
-        if by_time:
-            while self.next_at <= trainer.counters.train_seconds:
-                self.next_at += self.every_seconds
+        while by_time and self.next_at <= trainer.counters.train_seconds:
+            self.next_at += self.every_seconds
         return by_steps or by_time
 
 
@@ -78,13 +58,12 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
         summary["tau_before"] = evaluator(trainer)
-    saver = PeriodicSaver(cfg.train.save_every_steps, cfg.train.save_every_minutes, trainer.counters.train_seconds)
-    eval_due = EvalSchedule(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
+    save_due = Every(cfg.train.save_every_steps, cfg.train.save_every_minutes, trainer.counters.train_seconds)
+    eval_due = Every(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
 
     def on_step_end(t: Trainer) -> None:
-        if saver.due(t.counters.step, t.counters.train_seconds) and t.counters.step < t.total_steps:
+        if save_due(t) and t.counters.step < t.total_steps:
             save_checkpoint(t)
-            saver.saved(t.counters.train_seconds)
         if evaluator is not None and eval_due(t) and not t.stop_requested:
             evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
 

@@ -100,7 +100,7 @@ class Trainer:
     # -- set-up ----------------------------------------------------------------------------
     def build_scheduler(self):
         """The LR schedule over ``total_steps`` (and the time budget, when one is set)."""
-        budget = self.cfg.train.time_budget_minutes * 60
+        budget = self.budget_seconds
         spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None
         return build_scheduler(self.optimizer, self.cfg.optim, self.total_steps, spent)
 
@@ -215,9 +215,13 @@ class Trainer:
         return grad_norm
 
     # -- the clock (train.time_budget_minutes) -----------------------------------------------
+    @property
+    def budget_seconds(self) -> float:
+        """``train.time_budget_minutes`` in seconds (0: no budget)."""
+        return self.cfg.train.time_budget_minutes * 60
+
     def budget_spent(self) -> bool:
-        budget = self.cfg.train.time_budget_minutes * 60
-        return budget > 0 and self.counters.train_seconds >= budget
+        return self.budget_seconds > 0 and self.counters.train_seconds >= self.budget_seconds
 
     def advance_clock(self, seconds: float) -> None:
         """Charge one step's wall time to the budget; ask to stop once it is spent. (The
