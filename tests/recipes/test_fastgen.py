@@ -117,3 +117,26 @@ def test_regenerate_static_backend(tmp_path):
     assert [x["id"] for x in lines] == ["a", "b"]
     for line in lines:
         assert line["messages"][-1]["role"] == "assistant" and line["messages"][-1]["content"] != "old"
+
+
+def test_grouped_decode_attention_equals_repeated_kv_sdpa():
+    """One query token on K/V heads == the stock path that repeats K/V per query head."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from dflash_train.data.fastgen import grouped_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    b, kv_heads, group, length, dim = 3, 2, 3, 10, 8
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = group, True
+    q = torch.randn(b, kv_heads * group, 1, dim, generator=gen)
+    k, v = torch.randn(2, b, kv_heads, length, dim, generator=gen)
+    mask = torch.zeros(b, 1, 1, length)
+    mask[0, ..., :4] = float("-inf")  # a left-padded row
+    out, _ = grouped_decode_attention(module, q, k, v, mask, scaling=0.3)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, group), repeat_kv(v, group),
+                                                           attn_mask=mask, scale=0.3).transpose(1, 2)
+    assert out.shape == (b, 1, kv_heads * group, dim)
+    torch.testing.assert_close(out, ref)
+    swapped = grouped_decode_attention(module, q, k.flip(1), v.flip(1), mask, scaling=0.3)[0]
+    assert not torch.allclose(swapped, ref)  # the head pairing matters, so the check above can fail
