@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip plain target decoding (no speedup, no lossless check)")
+    p.add_argument("--engine", choices=("hf", "static"), default="hf",
+                   help="hf: reference loops over the Hugging Face cache (any temperature); static: "
+                        "preallocated caches + CUDA graphs (greedy only), for speed measurements")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(
         target, drafter, ids, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
         temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-        seed=args.seed, progress=True,
+        seed=args.seed, progress=True, engine=args.engine,
     )
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

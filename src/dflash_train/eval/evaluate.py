@@ -124,6 +124,7 @@ def evaluate(
     seed: int = 0,
     warmup: bool = True,
     progress: bool = False,
+    engine: str = "hf",
 ) -> dict:
     """Speculative decoding over ``prompts_token_ids`` (list of 1-D token id lists/tensors).
 
@@ -132,21 +133,47 @@ def evaluate(
     every prompt with the target alone (tokens/s and speedup); ``lossless_check``
     (default: on when ``baseline`` and greedy) compares the two token for token.
     ``stop_token_ids`` defaults to the target's eos ids. Returns a JSON-able dict;
-    ``report["lossless"]["ok"]`` is False on any failed prompt.
+    ``report["lossless"]["ok"]`` is False on any failed prompt. ``engine`` "hf" runs the
+    reference loops of :mod:`.speculative` (Hugging Face cache, any temperature); "static"
+    runs :class:`~.static.StaticDecoder` (greedy only; CUDA graphs on GPU), which measures
+    decoding speed without most of the Python overhead of a small target.
     """
     was_training = getattr(drafter, "training", None)
     if was_training:
         drafter.eval()
     try:
         return _evaluate(target, drafter, prompts_token_ids, max_new_tokens, block_size, temperature, top_p,
-                         stop_token_ids, baseline, lossless_check, tie_tolerance, seed, warmup, progress)
+                         stop_token_ids, baseline, lossless_check, tie_tolerance, seed, warmup, progress, engine)
     finally:
         if was_training:
             drafter.train()
 
 
+def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
+    """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
+    if engine == "hf":
+        def spec(ids, n, generator):
+            return speculative_generate(target, drafter, ids, n, block_size=block, generator=generator, **common)
+
+        def plain(ids, n, generator, record_topk=0):
+            return target_generate(target, ids, n, generator=generator, record_topk=record_topk, **common)
+        return spec, plain
+    if engine != "static":
+        raise ValueError(f"engine must be 'hf' or 'static', got {engine!r}")
+    if common["temperature"] > 0:
+        raise ValueError("engine 'static' decodes greedily only: use temperature 0 or engine 'hf'")
+    from .static import StaticDecoder
+
+    longest = max(p.shape[1] for p in prompts)
+    decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
+                            block_size=block)
+    stop = common["stop_token_ids"]
+    return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
+            lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
+
+
 def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature, top_p, stop_token_ids,
-              baseline, lossless_check, tie_tolerance, seed, warmup, progress) -> dict:
+              baseline, lossless_check, tie_tolerance, seed, warmup, progress, engine) -> dict:
     device = target.device
     stop = default_stop_token_ids(target) if stop_token_ids is None else [int(t) for t in stop_token_ids]
     greedy = temperature <= 0
@@ -164,11 +191,12 @@ def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature,
     gen = torch.Generator(device=device)
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
-    if warmup:  # first calls pay for allocator / kernel selection; keep them out of the timings
+    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common)
+    if warmup:  # first calls pay for allocator / kernel selection / graph capture; keep them out of the timings
         n = min(4, max_new_tokens)
-        speculative_generate(target, drafter, prompts[0], n, block_size=block, generator=gen.manual_seed(seed), **common)
+        spec_fn(prompts[0], n, gen.manual_seed(seed))
         if baseline:
-            target_generate(target, prompts[0], n, generator=gen.manual_seed(seed), **common)
+            plain_fn(prompts[0], n, gen.manual_seed(seed))
 
     spec, plain, verdicts = [], [] if baseline else None, []
     iterator = range(len(prompts))
@@ -179,10 +207,9 @@ def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature,
     for i in iterator:
         ids = prompts[i]
         if baseline:
-            plain.append(target_generate(target, ids, max_new_tokens, generator=gen.manual_seed(seed + i),
-                                         record_topk=TOPK_RECORDED if lossless_check else 0, **common))
-        spec.append(speculative_generate(target, drafter, ids, max_new_tokens, block_size=block,
-                                         generator=gen.manual_seed(seed + i), **common))
+            plain.append(plain_fn(ids, max_new_tokens, gen.manual_seed(seed + i),
+                                  record_topk=TOPK_RECORDED if lossless_check else 0))
+        spec.append(spec_fn(ids, max_new_tokens, gen.manual_seed(seed + i)))
         if lossless_check:
             verdict = compare_greedy(spec[-1].tokens, plain[-1], tolerance)
             verdicts.append(verdict)
@@ -195,6 +222,7 @@ def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature,
     report.update({
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
+        "engine": engine,
     })
     if lossless_check:
         failed = [i for i, v in enumerate(verdicts) if not v["ok"]]

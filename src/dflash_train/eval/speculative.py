@@ -281,6 +281,15 @@ class GenResult:
         return max(0, len(self.tokens) - 1) / self.decode_time if self.decode_time > 0 else 0.0
 
 
+def record_step(result: SpecResult, accepted: int, num_draft: int) -> None:
+    """Per verify step: tau, and which draft positions were reached / accepted."""
+    result.acceptance_lengths.append(accepted + 1)
+    for k in range(min(accepted + 1, num_draft)):
+        result.position_reached[k] += 1
+    for k in range(accepted):
+        result.position_accepted[k] += 1
+
+
 def _sync(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -402,11 +411,7 @@ def speculative_generate(
         result.draft_time += tb - ta
         result.verify_time += time.perf_counter() - tb
 
-        result.acceptance_lengths.append(accepted + 1)
-        for k in range(min(accepted + 1, num_draft)):
-            result.position_reached[k] += 1
-        for k in range(accepted):
-            result.position_accepted[k] += 1
+        record_step(result, accepted, num_draft)
 
         new = drafts[:accepted].tolist() + [bonus]
         new, finished = _truncate(new, max_new_tokens - len(generated), stop)
