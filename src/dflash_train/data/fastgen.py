@@ -15,8 +15,8 @@ mask) through its ordinary ``forward``, but with:
 * one-token attention on the K/V heads (:func:`grouped_decode_attention`): a query token's
   ``num_heads`` are packed as ``(kv_heads, group)`` so SDPA reads each cached K/V head once,
   where the stock SDPA path with a 4D mask first copies the whole cache ``group`` times
-  (``repeat_kv``), which dominated the decode step (session-2 profile: ~180 ms per step at
-  2048 rows on an H200);
+  (``repeat_kv``); packing made greedy decoding 3.5x faster on an H200 (31.1K vs 8.8K new
+  tok/s, ``recipes/smollm2/bench_gen.py --modes cudagraph,cudagraph:stock``);
 * on CUDA, the one-token decode step captured as a CUDA graph per bucket shape
   (``mode="cudagraph"``, the default there) or compiled with
   ``torch.compile(mode="reduce-overhead")`` (``mode="compile"``); any failure there falls
