@@ -48,27 +48,33 @@ def assert_same_losses(run: Path, reference: list[float]) -> None:
     torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=1e-4, atol=1e-5)
 
 
-def test_colocated_two_ranks_match_one_process(tmp_path, reference):
-    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", str(STEPS))
-    assert_clean(rc, out, err, ranks=2)
+def run_matching(tmp_path: Path, reference: list[float], ranks: int, *args: str) -> Path:
+    """Run ``ranks`` workers, check a clean exit and the single-process losses; the run folder."""
+    rc, out, err, _ = worker(ranks, tmp_path, *args)
+    assert_clean(rc, out, err, ranks=ranks)
     run = tmp_path / "run"
     assert_same_losses(run, reference)
+    return run
+
+
+def target_log(run: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run / f"target-rank{rank}.jsonl").read_text().splitlines()]
+
+
+def test_colocated_two_ranks_match_one_process(tmp_path, reference):
+    run = run_matching(tmp_path, reference, 2, "0", "0", "1", str(STEPS))
     record = metrics(run)[-1]
     assert record["target_forward_s"] > 0 and record["drafter_compute_s"] > 0
     assert latest_checkpoint(run).name.endswith(f"{STEPS:08d}")
 
 
 def test_disaggregated_one_target_two_drafters_match_one_process(tmp_path, reference):
-    rc, out, err, _ = worker(3, tmp_path, "1", "2", "1", str(STEPS))
-    assert_clean(rc, out, err, ranks=3)
-    run = tmp_path / "run"
-    assert_same_losses(run, reference)
+    run = run_matching(tmp_path, reference, 3, "1", "2", "1", str(STEPS))
     record = metrics(run)[-1]
     for key in ("drafter_compute_s", "drafter_recv_wait_s", "target_forward_s", "target_wait_s"):
         assert record[key] >= 0, key
     assert record["target_forward_s"] > 0
-    target_log = [json.loads(line) for line in (run / "target-rank2.jsonl").read_text().splitlines()]
-    assert sum(r["items"] for r in target_log) == 2 * STEPS  # every micro-batch of both drafters
+    assert sum(r["items"] for r in target_log(run, 2)) == 2 * STEPS  # every micro-batch of both drafters
     state = json.loads((latest_checkpoint(run) / "trainer_state.json").read_text())
     assert state["counters"]["step"] == STEPS
     assert sorted(p.name for p in (latest_checkpoint(run) / "rng").iterdir()) == ["rank-0.json", "rank-1.json"]
@@ -76,22 +82,17 @@ def test_disaggregated_one_target_two_drafters_match_one_process(tmp_path, refer
 
 def test_disaggregated_two_targets_fsdp_drafters_match_one_process(tmp_path, reference):
     """1 target can feed 2 drafters; here 2 targets feed 1 drafter (grad_accum 2), round-robin."""
-    rc, out, err, _ = worker(3, tmp_path, "2", "1", "2", str(STEPS))
-    assert_clean(rc, out, err, ranks=3)
-    assert_same_losses(tmp_path / "run", reference)
+    run = run_matching(tmp_path, reference, 3, "2", "1", "2", str(STEPS))
     for rank in (1, 2):
-        log = [json.loads(line) for line in (tmp_path / "run" / f"target-rank{rank}.jsonl").read_text().splitlines()]
-        assert sum(r["items"] for r in log) == STEPS  # 12 micro-batches split evenly
+        assert sum(r["items"] for r in target_log(run, rank)) == STEPS  # 12 micro-batches split evenly
 
 
 def test_colocated_fsdp_matches_one_process(tmp_path, reference):
-    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", str(STEPS), "train.fsdp_drafter=true",
-                             "train.fsdp_target=true")
-    assert_clean(rc, out, err, ranks=2)
-    assert_same_losses(tmp_path / "run", reference)
+    run = run_matching(tmp_path, reference, 2, "0", "0", "1", str(STEPS), "train.fsdp_drafter=true",
+                       "train.fsdp_target=true")
     from safetensors.torch import load_file
 
-    weights = load_file(str(latest_checkpoint(tmp_path / "run") / "drafter.safetensors"))
+    weights = load_file(str(latest_checkpoint(run) / "drafter.safetensors"))
     assert all(w.dim() == 0 or w.shape[0] > 1 for w in weights.values())  # whole tensors, not shards
 
 

@@ -101,6 +101,15 @@ class KVBuffers:
         self.generation = 0  # bumped on reallocation: captured graphs are then stale
         self._views: dict = {}
 
+    @classmethod
+    def for_model(cls, model, device) -> KVBuffers:
+        """Empty buffers shaped for a Hugging Face decoder's layers, K/V heads and dtype."""
+        cfg = model.config
+        cfg = getattr(cfg, "text_config", None) or cfg
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return cls(cfg.num_hidden_layers, kv_heads, head_dim, next(model.parameters()).dtype, device)
+
     def reserve(self, tokens: int) -> None:
         if tokens <= self.capacity:
             return
@@ -138,6 +147,23 @@ class KVBuffers:
 
     def __len__(self) -> int:
         return self.num_layers
+
+
+def capture_cuda_graph(fn):
+    """``(graph, outputs)`` of ``fn()``, which must read and write only fixed tensors.
+
+    ``fn`` runs once on a side stream first (allocations, kernel choice), then once under
+    capture; ``graph.replay()`` afterwards recomputes ``outputs`` in place. Whatever ``fn``
+    writes (a KV cache) is written by the warm-up too, so ``fn`` must be idempotent."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
 
 
 @dataclass
@@ -196,14 +222,10 @@ class StaticCacheGenerator(HFGenerator):
             self.stop_ids = {int(e) for e in eos if e is not None}
         if stop_ids is not None:
             self.stop_ids = {int(e) for e in stop_ids}
-        cfg = self.model.config
-        cfg = getattr(cfg, "text_config", None) or cfg
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.dtype = next(self.model.parameters()).dtype
         if grouped_attention:
             use_grouped_decode_attention(self.model)
-        self.buffers = KVBuffers(cfg.num_hidden_layers, kv_heads, head_dim, self.dtype, self.device)
+        self.buffers = KVBuffers.for_model(self.model, self.device)
         on_cuda = self.device.startswith("cuda")
         self.mode = ("cudagraph" if on_cuda else "eager") if mode == "auto" else mode
         if self.mode != "eager" and not on_cuda:
@@ -367,17 +389,10 @@ class StaticCacheGenerator(HFGenerator):
 
     def _graph_step(self, step: _Step) -> torch.Tensor:
         if step.graph is None or step.generation != self.buffers.generation:
-            # warm up on a side stream (this runs the real step; re-running it is idempotent:
-            # it rewrites the same K/V at the same position), then capture and replay
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step.logits = self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask)
-            step.graph, step.generation = graph, self.buffers.generation
+            # the warm-up runs the real step; re-running it is idempotent (same K/V, same position)
+            step.graph, step.logits = capture_cuda_graph(
+                lambda: self._forward_step(step.ids, step.position_ids, step.cache_pos, step.mask))
+            step.generation = self.buffers.generation
         step.graph.replay()
         return step.logits
 

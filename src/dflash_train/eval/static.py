@@ -31,7 +31,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dflash_train.data.fastgen import KVBuffers
+from dflash_train.data.fastgen import KVBuffers, capture_cuda_graph
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.config import SLIDING_ATTENTION
 
@@ -71,15 +71,7 @@ class _Graphed:
             return self.fn()
         try:
             if self.graph is None:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # warm-up: allocations and kernel choice
-                    self.fn()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    self.outputs = self.fn()
-                self.graph = graph
+                self.graph, self.outputs = capture_cuda_graph(self.fn)
             self.graph.replay()
             return self.outputs
         except Exception as err:  # noqa: BLE001 - any capture failure: eager from now on
@@ -115,11 +107,7 @@ class StaticDecoder:
         self.max_len = int(max_len)
         self.dtype = target.lm_head_weight.dtype
         self.drafter_dtype = next(drafter.parameters()).dtype
-        tcfg = target.model.config
-        tcfg = getattr(tcfg, "text_config", None) or tcfg
-        head_dim = getattr(tcfg, "head_dim", None) or tcfg.hidden_size // tcfg.num_attention_heads
-        kv_heads = getattr(tcfg, "num_key_value_heads", None) or tcfg.num_attention_heads
-        self.kv = KVBuffers(tcfg.num_hidden_layers, kv_heads, head_dim, self.dtype, self.device)
+        self.kv = KVBuffers.for_model(target.model, self.device)
         self.kv.view(1, self.max_len)
         first = drafter.layers[0].self_attn
         self.dcache = StaticDrafterCache(len(drafter.layers), first.num_kv_heads, first.head_dim, self.max_len + 1,
@@ -268,8 +256,8 @@ class StaticDecoder:
         while True:
             if record_topk:
                 v, i = logits.topk(record_topk)
-                top_vals.append(v.clone())
-                top_ids.append(i.clone())
+                top_vals.append(v)  # topk allocates: the next replay does not overwrite these
+                top_ids.append(i)
             tok = int(logits.argmax())
             result.tokens.append(tok)
             if t1 is None:
