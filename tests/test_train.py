@@ -266,3 +266,35 @@ def test_every_steps_or_minutes_of_training_time():
     clock = [(1, 60.0), (2, 89.9), (3, 90.0), (4, 100.0), (5, 400.0), (6, 420.0), (7, 449.9), (8, 450.0)]
     assert [s for s, t in clock if by_time(at(s, t))] == [3, 5, 8]  # after 400 s the next is 450 s
     assert not Every(0, 0, 0.0)(at(5, 1e9))
+
+
+
+def test_heldout_eval_adds_no_compiled_graphs(tmp_path):
+    """Held-out decoding grows the drafter's context by a few tokens per step; run through
+    the static-shape compiled layers it recompiled at every length until dynamo's limit
+    (seen on the H200 in every in-training evaluation). Evaluation must add no graphs."""
+    from types import SimpleNamespace
+
+    from torch._dynamo.utils import counters
+
+    from dflash_train.testing import tiny_drafter
+    from dflash_train.train.heldout import HeldoutEvaluator
+    from dflash_train.train.parallelize import parallelize_drafter
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is the capital of France?\nWrite a haiku about the sea.\n")
+    target = tiny_target()
+    drafter, _ = tiny_drafter(target, block_size=4)
+    parallelize_drafter(drafter, activation_checkpointing=False, compile=True)
+    torch._dynamo.reset()
+    counters.clear()
+    ids = torch.randint(0, 100, (1, 40))
+    drafter(target.embed(ids[:, 36:]), target.features(ids[:, :36], None, drafter.config.target_layer_ids),
+            torch.arange(36, 40)[None], torch.arange(36)[None])
+    compiled = counters["stats"]["unique_graphs"]
+    cfg = SimpleNamespace(eval=SimpleNamespace(prompts=str(prompts), num_prompts=2, max_new_tokens=24))
+    trainer = SimpleNamespace(cfg=cfg, target=target, drafter=drafter, ranks=SimpleNamespace(is_main=True),
+                              counters=SimpleNamespace(step=0), echo=lambda *a: None, logger=None)
+    tau = HeldoutEvaluator(trainer)(trainer)
+    assert compiled > 0 and tau >= 1.0
+    assert counters["stats"]["unique_graphs"] == compiled

@@ -55,22 +55,35 @@ def test_eval_cli_end_to_end(folders, tmp_path, capsys, prompts):
     assert sum(report["acceptance_histogram"].values()) == report["num_verify_steps"]
     assert report["speedup"] > 0 and report["target_decode_tokens_per_s"] > 0
     assert "mean tau" in capsys.readouterr().out
+    assert report["engine"] == "static"  # auto: greedy runs on the static engine
 
 
-def test_eval_cli_reports_lossless_failure(folders, tmp_path, monkeypatch, capsys):
+def test_auto_engine_follows_temperature():
+    from dflash_train.eval.cli import resolve_engine
+
+    assert resolve_engine("auto", 0.0) == "static" and resolve_engine("auto", 0.7) == "hf"
+    assert resolve_engine("hf", 0.0) == "hf" and resolve_engine("static", 0.0) == "static"
+
+
+@pytest.mark.parametrize("engine", ["hf", "static"])
+def test_eval_cli_reports_lossless_failure(folders, tmp_path, monkeypatch, capsys, engine):
     import dflash_train.eval.evaluate as ev
+    from dflash_train.eval.static import StaticDecoder
 
-    real = ev.speculative_generate
+    def corrupt(real):
+        def broken(*args, **kwargs):
+            result = real(*args, **kwargs)
+            result.tokens[3] = (result.tokens[3] + 1) % 49152
+            return result
+        return broken
 
-    def broken(*args, **kwargs):
-        result = real(*args, **kwargs)
-        result.tokens[3] = (result.tokens[3] + 1) % 49152
-        return result
-
-    monkeypatch.setattr(ev, "speculative_generate", broken)
+    if engine == "hf":
+        monkeypatch.setattr(ev, "speculative_generate", corrupt(ev.speculative_generate))
+    else:
+        monkeypatch.setattr(StaticDecoder, "speculative", corrupt(StaticDecoder.speculative))
     rc = main(["eval", "--target", str(folders / "target"), "--drafter", str(folders / "drafter"),
                "--prompts", str(folders / "prompts.txt"), "--max-new-tokens", "8", "--device", "cpu",
-               "--limit", "1", "--out", str(tmp_path / "o")])
+               "--limit", "1", "--engine", engine, "--out", str(tmp_path / "o")])
     assert rc == 1
     assert "LOSSLESS CHECK FAILED on prompt 0" in capsys.readouterr().err
     report = json.loads((tmp_path / "o" / "eval.json").read_text())

@@ -30,12 +30,20 @@ def register(subparsers) -> None:
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip plain target decoding (no speedup, no lossless check)")
-    p.add_argument("--engine", choices=("hf", "static"), default="hf",
+    p.add_argument("--engine", choices=("auto", "hf", "static"), default="auto",
                    help="hf: reference loops over the Hugging Face cache (any temperature); static: "
-                        "preallocated caches + CUDA graphs (greedy only), for speed measurements")
+                        "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
+                        "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
+
+
+def resolve_engine(engine: str, temperature: float) -> str:
+    """``auto``: the static engine where it applies (greedy), the reference loops otherwise."""
+    if engine != "auto":
+        return engine
+    return "static" if temperature == 0 else "hf"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(
         target, drafter, ids, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
         temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-        seed=args.seed, progress=True, engine=args.engine,
+        seed=args.seed, progress=True, engine=resolve_engine(args.engine, args.temperature),
     )
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

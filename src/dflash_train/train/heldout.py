@@ -4,10 +4,18 @@ Training accuracy can look fine while serving acceptance is near 1 (shifted labe
 a leaky mask); so every ``eval.every`` steps, and before and after training, the
 trainer decodes a few held-out prompts with the drafter and the target together and
 logs tau next to the loss. Only rank 0 evaluates; the others wait at a barrier.
+
+Decoding runs the drafter eagerly: its layers are compiled for training's static
+shapes, and a decoding context that grows by a few tokens per step would recompile
+them at every length until dynamo's recompile limit (seen on an H200 in every
+in-training evaluation before this was done).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import torch
 import torch.distributed as dist
 
 from dflash_train.eval.evaluate import evaluate
@@ -29,8 +37,10 @@ class HeldoutEvaluator:
         """Mean tau (greedy) at the trainer's current step; None on non-main ranks."""
         tau = None
         if trainer.ranks.is_main:
-            report = evaluate(trainer.target, trainer.drafter, self.prompt_ids, max_new_tokens=self.max_new_tokens,
-                              baseline=False, lossless_check=False, warmup=False)
+            with _eager():
+                report = evaluate(trainer.target, trainer.drafter, self.prompt_ids,
+                                  max_new_tokens=self.max_new_tokens, baseline=False, lossless_check=False,
+                                  warmup=False)
             tau = report["mean_tau"]
             record = {"step": trainer.counters.step, "tau": tau,
                       "per_position_acceptance": report["per_position_acceptance"]}
@@ -41,3 +51,9 @@ class HeldoutEvaluator:
         if dist.is_available() and dist.is_initialized():
             dist.barrier(group=trainer.ranks.group)  # the drafter ranks only
         return tau
+
+
+def _eager():
+    """Compiled code runs as plain eager code inside this block (no tracing, no new graphs)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    return set_stance("force_eager") if set_stance is not None else nullcontext()

@@ -2,13 +2,13 @@
 # Stages 3-5: train (B=16, wall-clock budget), export, held-out eval.
 # The training command fits one <= 10 minute device command: TIME_BUDGET minutes of training steps
 # (LR warmup + cosine complete inside it) plus start-up, held-out evals and the final save.
-# Usage: TIME_BUDGET=6 bash src/dflash_train/recipes/smollm2/train.sh   (STAGES="train export eval")
+# Usage: TIME_BUDGET=5 bash src/dflash_train/recipes/smollm2/train.sh   (STAGES="train export eval")
 set -euo pipefail
 TARGET=${TARGET:-assets/smollm2}
 DATA=${DATA:-runs/smollm2/data}
 RUN=${RUN:-runs/smollm2/run}
 EXPORT=${EXPORT:-runs/smollm2/drafter}
-TIME_BUDGET=${TIME_BUDGET:-6}
+TIME_BUDGET=${TIME_BUDGET:-5}
 STAGES=${STAGES:-"train export eval"}
 DFT=${DFT:-dflash-train}
 HELDOUT=${HELDOUT:-src/dflash_train/recipes/heldout_prompts.txt}
