@@ -38,3 +38,17 @@ def test_bad_input_names_the_file_and_line(tmp_path, capsys):
     assert "metrics.jsonl:2" in err
     assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "y.png")]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_every_run_is_drawn(tmp_path, monkeypatch):
+    """Five runs, five loss lines (a fixed four-colour list once dropped the fifth silently)."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    runs = [_write_run(tmp_path / f"r{i}", [{"step": 10, "loss": 5.0 - i}, {"step": 20, "loss": 4.0 - i}])
+            for i in range(5)]
+    assert main([str(r) for r in runs] + ["--out", str(tmp_path / "c.png")]) == 0
+    loss_axis = saved[0].axes[1]
+    assert sorted(line.get_label() for line in loss_axis.get_lines()) == [f"r{i}" for i in range(5)]
+    assert len({line.get_color() for line in loss_axis.get_lines()}) == 5

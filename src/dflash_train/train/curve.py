@@ -42,7 +42,8 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for (label, series), color in zip(runs.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+    for index, (label, series) in enumerate(runs.items()):
+        color = f"C{index % 10}"  # matplotlib's color cycle: every run is drawn, whatever their number
         if series["expected_acceptance"]:
             steps, values = zip(*series["expected_acceptance"])
             ax1.plot(steps, values, color=color, alpha=0.6, label=f"{label}: expected acceptance (train accuracy)")
