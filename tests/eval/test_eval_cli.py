@@ -59,7 +59,7 @@ def test_eval_cli_end_to_end(folders, tmp_path, capsys, prompts):
 
 
 def test_auto_engine_follows_temperature():
-    from dflash_train.eval.cli import resolve_engine
+    from dflash_train.eval.evaluate import resolve_engine
 
     assert resolve_engine("auto", 0.0) == "static" and resolve_engine("auto", 0.7) == "hf"
     assert resolve_engine("hf", 0.0) == "hf" and resolve_engine("static", 0.0) == "static"

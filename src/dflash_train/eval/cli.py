@@ -39,13 +39,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def resolve_engine(engine: str, temperature: float) -> str:
-    """``auto``: the static engine where it applies (greedy), the reference loops otherwise."""
-    if engine != "auto":
-        return engine
-    return "static" if temperature == 0 else "hf"
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -75,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(
         target, drafter, ids, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
         temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-        seed=args.seed, progress=True, engine=resolve_engine(args.engine, args.temperature),
+        seed=args.seed, progress=True, engine=args.engine,
     )
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

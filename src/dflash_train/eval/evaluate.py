@@ -136,8 +136,10 @@ def evaluate(
     ``report["lossless"]["ok"]`` is False on any failed prompt. ``engine`` "hf" runs the
     reference loops of :mod:`.speculative` (Hugging Face cache, any temperature); "static"
     runs :class:`~.static.StaticDecoder` (greedy only; CUDA graphs on GPU), which measures
-    decoding speed without most of the Python overhead of a small target.
+    decoding speed without most of the Python overhead of a small target; "auto" picks
+    "static" when greedy and "hf" otherwise.
     """
+    engine = resolve_engine(engine, temperature)
     was_training = getattr(drafter, "training", None)
     if was_training:
         drafter.eval()
@@ -147,6 +149,13 @@ def evaluate(
     finally:
         if was_training:
             drafter.train()
+
+
+def resolve_engine(engine: str, temperature: float) -> str:
+    """``auto``: the static engine where it applies (greedy), the reference loops otherwise."""
+    if engine != "auto":
+        return engine
+    return "static" if temperature <= 0 else "hf"
 
 
 def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
@@ -159,7 +168,7 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
             return target_generate(target, ids, n, generator=generator, record_topk=record_topk, **common)
         return spec, plain
     if engine != "static":
-        raise ValueError(f"engine must be 'hf' or 'static', got {engine!r}")
+        raise ValueError(f"engine must be 'auto', 'hf' or 'static', got {engine!r}")
     if common["temperature"] > 0:
         raise ValueError("engine 'static' decodes greedily only: use temperature 0 or engine 'hf'")
     from .static import StaticDecoder

@@ -13,8 +13,6 @@ in-training evaluation before this was done).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import torch.distributed as dist
 
@@ -37,7 +35,7 @@ class HeldoutEvaluator:
         """Mean tau (greedy) at the trainer's current step; None on non-main ranks."""
         tau = None
         if trainer.ranks.is_main:
-            with _eager():
+            with torch.compiler.set_stance("force_eager"):  # no tracing, no new graphs
                 report = evaluate(trainer.target, trainer.drafter, self.prompt_ids,
                                   max_new_tokens=self.max_new_tokens, baseline=False, lossless_check=False,
                                   warmup=False)
@@ -52,8 +50,3 @@ class HeldoutEvaluator:
             dist.barrier(group=trainer.ranks.group)  # the drafter ranks only
         return tau
 
-
-def _eager():
-    """Compiled code runs as plain eager code inside this block (no tracing, no new graphs)."""
-    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
-    return set_stance("force_eager") if set_stance is not None else nullcontext()

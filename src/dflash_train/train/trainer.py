@@ -246,10 +246,10 @@ class Trainer:
                 started = time.monotonic()
                 micro_batches = self.batches.next_step()
                 loss, stats, grad_norm = self.train_step(micro_batches)
-                self._count(micro_batches)
+                tokens = self._count(micro_batches)
                 self.advance_clock(0.0 if first_step else time.monotonic() - started)
                 first_step = False
-                window.add_step(loss, stats, sum(int(mb.attention_mask.sum()) for mb in micro_batches))
+                window.add_step(loss, stats, tokens)
                 if bar is not None:
                     bar.update(1)
                 last = self.counters.step == self.total_steps or self.stop_requested
@@ -272,12 +272,14 @@ class Trainer:
             self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
         return self.logger
 
-    def _count(self, micro_batches: list[MicroBatch]) -> None:
+    def _count(self, micro_batches: list[MicroBatch]) -> int:
+        """Advance the step and the consumed-data counters; this rank's real (unpadded) tokens."""
         self.counters.step += 1
         samples = sum(int((mb.sample_ids >= 0).sum()) for mb in micro_batches)
         tokens = sum(int(mb.attention_mask.sum()) for mb in micro_batches)
         self.counters.samples += samples * self.ranks.world
         self.counters.tokens += tokens * self.ranks.world
+        return tokens
 
     def _progress_bar(self):
         if not (self.cfg.train.progress and self.ranks.is_main):
