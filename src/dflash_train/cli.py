@@ -17,7 +17,7 @@ COMMANDS = [
     "dflash_train.export.cli",
     "dflash_train.eval.cli",
     "dflash_train.bench.cli",
-    "dflash_train.dist.cli",
+    "dflash_train.distributed.cli",
 ]
 
 

@@ -1,4 +1,4 @@
-"""One rank of a test job, started by torchrun: tiny target, ``dflash_train.dist.launch.run``.
+"""One rank of a test job, started by torchrun: tiny target, ``dflash_train.distributed.launch.run``.
 
     dist_worker.py JOB_DIR TARGET_RANKS DRAFTER_RANKS GRAD_ACCUM MAX_STEPS [train.key=value ...]
 
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_helpers import job, tiny_target  # noqa: E402
 
 from dflash_train.config import config_from_dict  # noqa: E402
-from dflash_train.dist import disagg  # noqa: E402
-from dflash_train.dist.launch import run  # noqa: E402
+from dflash_train.distributed import disagg  # noqa: E402
+from dflash_train.distributed.launch import run  # noqa: E402
 from dflash_train.train.trainer import Trainer  # noqa: E402
 
 

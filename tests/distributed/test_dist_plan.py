@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dist_helpers import env, job, save_tiny_target  # noqa: E402
 
-from dflash_train.dist.disagg import Topology  # noqa: E402
-from dflash_train.dist.plan import recommend  # noqa: E402
+from dflash_train.distributed.disagg import Topology  # noqa: E402
+from dflash_train.distributed.plan import recommend  # noqa: E402
 
 
 def test_recommend_picks_the_best_split():

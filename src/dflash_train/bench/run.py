@@ -281,7 +281,7 @@ def _log(message: str) -> None:
 
 def _init_distributed(cfg: BenchConfig):
     """Under torchrun: the process group and this rank's device (cuda:LOCAL_RANK)."""
-    from dflash_train.dist.env import init_from_env, launched_by_torchrun
+    from dflash_train.distributed.env import init_from_env, launched_by_torchrun
 
     if not launched_by_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
@@ -305,7 +305,7 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     """Build everything, run warm-up, timed and profiled steps; return the result dict.
 
     Under torchrun the process group is set up here and torn down before returning."""
-    from dflash_train.dist.env import shutdown
+    from dflash_train.distributed.env import shutdown
 
     env = _init_distributed(cfg)
     if env is None:
@@ -338,7 +338,7 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     target = build_target(cfg.target_config, device, dtype)
     drafter, dcfg = build_drafter(target, cfg, device)
     if world > 1:  # the colocated trainer's data parallelism: one gradient all-reduce per step
-        from dflash_train.dist.common import DDP
+        from dflash_train.distributed.common import DDP
 
         drafter = DDP(drafter, device_ids=[device.index] if device.type == "cuda" else None)
     _sync(device)

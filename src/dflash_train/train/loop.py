@@ -1,6 +1,6 @@
 """A whole training job: build, resume, train, checkpoint, evaluate, summarize.
 
-The parallel layer (``dflash_train.dist``) calls ``train`` with its rank info and a
+The parallel layer (``dflash_train.distributed``) calls ``train`` with its rank info and a
 wrapped model; everything else is the same in one process and in many.
 """
 

@@ -1,20 +1,20 @@
 """CLI wiring: ``dflash-train train`` goes distributed under torchrun; ``dflash-train plan``.
 
 ``register`` extends the ``train`` sub-command (registered earlier by ``train.cli``) with
-``--target-ranks/--drafter-ranks`` and routes it to ``dist.launch.run`` when torchrun's
+``--target-ranks/--drafter-ranks`` and routes it to ``distributed.launch.run`` when torchrun's
 variables (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``) are set, so the same command works
 for one process and for ``torchrun ... $(which dflash-train) train CONFIG``.
 """
 
 from __future__ import annotations
 
-from dflash_train.dist.env import launched_by_torchrun
+from dflash_train.distributed.env import launched_by_torchrun
 
 
 def register(sub) -> None:
     train_parser = sub.choices.get("train")
     if train_parser is not None:
-        from dflash_train.dist.launch import add_arguments
+        from dflash_train.distributed.launch import add_arguments
 
         add_arguments(train_parser, with_config=False)
         single = train_parser.get_default("func")
@@ -32,14 +32,14 @@ def run_train(args, single) -> int:
         if args.target_ranks or args.drafter_ranks:
             raise ValueError("--target-ranks/--drafter-ranks need several processes: launch with torchrun")
         return single(args)
-    from dflash_train.dist.launch import config_from_args, run
+    from dflash_train.distributed.launch import config_from_args, run
 
     run(config_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
     return 0
 
 
 def _run_plan(args) -> int:
-    from dflash_train.dist.plan import run_plan
+    from dflash_train.distributed.plan import run_plan
 
     if args.gpus < 1:
         raise ValueError("--gpus must be >= 1")

@@ -1,7 +1,7 @@
 """Entry point of a distributed job (also reached through ``dflash-train train`` under torchrun).
 
-    torchrun --nproc-per-node 8 -m dflash_train.dist.launch CONFIG [overrides]
-    torchrun --nproc-per-node 8 -m dflash_train.dist.launch CONFIG --target-ranks 5 --drafter-ranks 3
+    torchrun --nproc-per-node 8 -m dflash_train.distributed.launch CONFIG [overrides]
+    torchrun --nproc-per-node 8 -m dflash_train.distributed.launch CONFIG --target-ranks 5 --drafter-ranks 3
 
 Under torchrun with ``--max-restarts K``, a restarted job (``TORCHELASTIC_RESTART_COUNT``
 > 0) resumes from the newest complete checkpoint of ``train.run_dir`` automatically.
@@ -15,9 +15,9 @@ import sys
 import torch.distributed as dist
 
 from dflash_train.config import JobConfig, load_config
-from dflash_train.dist.common import Timings, control_group, fully_shard_target, install_step_hooks, wrap_drafter
-from dflash_train.dist.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
-from dflash_train.dist.env import DistEnv, init_from_env, restart_count, shutdown
+from dflash_train.distributed.common import Timings, control_group, fully_shard_target, install_step_hooks, wrap_drafter
+from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
+from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.train.loop import train
 from dflash_train.train.trainer import RankInfo, resolve_device, resolve_dtype
 
@@ -130,7 +130,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, ech
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dflash_train.dist.launch", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dflash_train.distributed.launch", description=__doc__.splitlines()[0])
     add_arguments(p)
     return p
 

@@ -76,7 +76,7 @@ def recommend(target_rate: float, drafter_rate: float, gpus: int) -> dict:
 
 
 def command(best: dict, gpus: int, config: str) -> str:
-    launch = f"torchrun --nproc-per-node {gpus} -m dflash_train.dist.launch {config}"
+    launch = f"torchrun --nproc-per-node {gpus} -m dflash_train.distributed.launch {config}"
     if best["target_ranks"]:
         launch += f" --target-ranks {best['target_ranks']} --drafter-ranks {best['drafter_ranks']}"
     return launch
