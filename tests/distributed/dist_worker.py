@@ -8,7 +8,10 @@ slower GPU); every rank then prints ``CLOCK`` lines with its LR and training clo
 Fault injection through the environment: ``CRASH=rank:step:how[:marker]`` makes global
 rank ``rank`` die when its trainer starts step ``step`` (drafter/colocated ranks) or its
 target server computes its ``step``-th micro-batch (target ranks); ``how`` is ``exit``
-(os._exit(3)) or ``kill`` (SIGKILL). With a marker file it crashes only once.
+(os._exit(3)) or ``kill`` (SIGKILL). With a marker file it crashes only once. ``HANG=rank:step`` makes global rank ``rank`` stop
+making progress (sleep forever) at that step, as a deadlocked rank does.
+``EMULATE_EAGER_NCCL=1`` applies torch's process-group rule of an eagerly initialized NCCL job
+(``eager_split.py``), so a group creation that hangs on GPUs fails here.
 """
 
 from __future__ import annotations
@@ -68,6 +71,26 @@ def install_crash(spec: str) -> None:
     disagg.TargetServer._compute = crashing_compute
 
 
+def hang_forever() -> None:
+    print(f"HANGING rank {os.environ['RANK']}", flush=True)
+    while True:
+        time.sleep(1)
+
+
+def install_hang(spec: str) -> None:
+    rank, step = (int(v) for v in spec.split(":"))
+    if int(os.environ["RANK"]) != rank:
+        return
+    train_step = Trainer.train_step
+
+    def hanging_step(self, micro_batches):
+        if self.counters.step == step:
+            hang_forever()
+        return train_step(self, micro_batches)
+
+    Trainer.train_step = hanging_step
+
+
 def install_slow(spec: str) -> None:
     rank, seconds = spec.split(":")
     me = int(os.environ["RANK"])
@@ -88,6 +111,12 @@ def main() -> None:
     folder, targets, drafters, accum, steps, *overrides = sys.argv[1:]
     if os.environ.get("CRASH"):
         install_crash(os.environ["CRASH"])
+    if os.environ.get("HANG"):
+        install_hang(os.environ["HANG"])
+    if os.environ.get("EMULATE_EAGER_NCCL"):
+        import eager_split
+
+        eager_split.install()
     if os.environ.get("SLOW"):
         install_slow(os.environ["SLOW"])
     extra = {}

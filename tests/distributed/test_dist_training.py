@@ -48,9 +48,9 @@ def assert_same_losses(run: Path, reference: list[float]) -> None:
     torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=1e-4, atol=1e-5)
 
 
-def run_matching(tmp_path: Path, reference: list[float], ranks: int, *args: str) -> Path:
+def run_matching(tmp_path: Path, reference: list[float], ranks: int, *args: str, **env_extra) -> Path:
     """Run ``ranks`` workers, check a clean exit and the single-process losses; the run folder."""
-    rc, out, err, _ = worker(ranks, tmp_path, *args)
+    rc, out, err, _ = worker(ranks, tmp_path, *args, **env_extra)
     assert_clean(rc, out, err, ranks=ranks)
     run = tmp_path / "run"
     assert_same_losses(run, reference)
@@ -173,3 +173,32 @@ def test_time_budget_is_agreed_by_ranks_with_different_speeds(tmp_path):
     exited = dict(re.findall(r"EXITED rank (\d+) steps (\d+)", out))
     assert len(set(exited.values())) == 1  # both stopped after the same step
     assert int(exited["0"]) < 100000
+
+
+@pytest.mark.parametrize(("targets", "drafters", "accum"), [("1", "1", "2"), ("1", "2", "1"), ("0", "0", "1")],
+                         ids=["1+1", "1+2", "colocated"])
+def test_groups_follow_the_eager_nccl_split_rule(tmp_path, reference, targets, drafters, accum):
+    """The disaggregated job hung on its first GPU run: the target rank waited forever in
+    ``new_group`` (an NCCL communicator split the drafter never joined). With torch's NCCL
+    splitting rule applied to gloo (``eager_split.py``) every topology must still train and
+    match one process; on the old code the 1+1 and 1+2 cases fail with the rule's message."""
+    ranks = 2 if targets == "0" else int(targets) + int(drafters)
+    run_matching(tmp_path, reference, ranks, targets, drafters, accum, str(STEPS), EMULATE_EAGER_NCCL="1")
+
+
+@pytest.mark.parametrize(("targets", "drafters", "hung"), [("1", "1", 0), ("0", "0", 1)],
+                         ids=["disaggregated", "colocated"])
+def test_watchdog_names_the_hung_rank_and_prints_every_rank_stack(tmp_path, targets, drafters, hung):
+    """A rank that stops making progress (here: sleeps forever at step 3) must not hang the job:
+    every rank's watchdog prints which rank stopped, its last phase and its Python stacks, and
+    the job fails in bounded time (not after the 120 s collective timeout)."""
+    rc, out, err, seconds = worker(2, tmp_path, targets, drafters, "1", "200", HANG=f"{hung}:3",
+                                   DFLASH_WATCHDOG_SECONDS="4", DFLASH_DIST_TIMEOUT="120")
+    text = out + err
+    assert rc != 0
+    assert seconds < 60, seconds
+    assert f"HANGING rank {hung}" in text
+    for rank in (0, 1):  # the hung rank and the peer waiting for it both say where they are
+        assert f"watchdog: rank {rank} " in text, text[-3000:]
+    assert "made no progress" in text and "last phase: after step 3" in text
+    assert "in hang_forever" in text  # the hung rank's stack, down to the sleeping frame

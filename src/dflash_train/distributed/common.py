@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from dflash_train.distributed import watchdog
 from dflash_train.train.metrics import MetricLogger
 from dflash_train.train.optim import build_optimizer
 
@@ -169,16 +170,6 @@ class TimedLogger(MetricLogger):
         super().log(step, record, echo)
 
 
-def control_group(group, ranks: list[int] | None = None):
-    """A gloo (CPU) group over the same ranks for small control messages (the stop flag):
-    a collective on it never waits for the GPU. Every rank of the job must call this (it
-    creates a process group, and ranks outside ``group`` cannot query it); with gloo already,
-    ``group`` itself is returned."""
-    if dist.get_backend() == "gloo":
-        return group
-    return dist.new_group(ranks=ranks, backend="gloo")
-
-
 def install_step_hooks(trainer, control, timings: Timings, on_last_step=None) -> None:
     """Per step: time it (drafter compute = step time - target forward) and agree on the clock.
 
@@ -196,6 +187,7 @@ def install_step_hooks(trainer, control, timings: Timings, on_last_step=None) ->
         out = inner(micro_batches)
         timings.span("step", start, timings.mark(), local=False)
         timings.steps += 1
+        watchdog.beat(f"after step {trainer.counters.step + 1}", steady=True)
         return out
 
     trainer.train_step = train_step

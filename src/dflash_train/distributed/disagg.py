@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dflash_train.data import BatchIterator, BatchPlan, MicroBatch, load_tokenized
+from dflash_train.distributed import watchdog
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
 
@@ -277,6 +278,7 @@ class TargetServer:
         window = dict.fromkeys(("forward_s", "wait_s", "send_s", "items"), 0.0)
         pending = next(items, None)
         last_log = time.perf_counter()
+        served = 0
         while True:
             # compute ahead while the next item's drafter has room
             while pending is not None and (pending[0] in stopped or queued[pending[0]] < inflight()):
@@ -311,6 +313,10 @@ class TargetServer:
             sends[d] = [dist.isend(t, dst=d) for t in (header.to(self.comm), ints, features)]
             window["send_s"] += time.perf_counter() - start
             window["items"] += 1
+            served += 1
+            # Steady once every drafter has surely finished its first (compiling) step.
+            watchdog.beat(f"served micro-batch {k} of drafter rank {d}",
+                          steady=served > 2 * self.per_drafter * self.topo.drafter_ranks)
             if time.perf_counter() - last_log > 10 or window["items"] >= self.cfg.train.log_every * 4:
                 self._log(window, totals)
                 last_log = time.perf_counter()

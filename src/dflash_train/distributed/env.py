@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dflash_train.distributed.groups import default_backend
+
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -33,8 +35,9 @@ class DistEnv:
 
     @property
     def comm_device(self) -> torch.device:
-        """Where point-to-point / collective tensors must live for the backend."""
-        return self.device if self.backend == "nccl" else torch.device("cpu")
+        """Where point-to-point / collective tensors of the data path live: the GPU (NCCL) when
+        there is one, else the CPU (gloo)."""
+        return self.device
 
 
 def launched_by_torchrun() -> bool:
@@ -53,7 +56,8 @@ def timeout_seconds() -> float:
 def init_from_env(device_name: str = "auto") -> DistEnv:
     """Initialize the default process group when torchrun started several workers.
 
-    NCCL when CUDA is used (the device is ``cuda:LOCAL_RANK``), gloo otherwise.
+    On GPUs the default group carries NCCL (CUDA tensors) and gloo (CPU tensors), eagerly
+    initialized on ``cuda:LOCAL_RANK``; gloo alone on CPUs (``groups.default_backend``).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -65,7 +69,7 @@ def init_from_env(device_name: str = "auto") -> DistEnv:
         torch.cuda.set_device(device)
     env = DistEnv(rank=rank, world=world, local_rank=local_rank, device=device)
     if world > 1 and not dist.is_initialized():
-        env.backend = "nccl" if use_cuda else "gloo"
+        env.backend = default_backend(device)
         kwargs = {"device_id": device} if use_cuda else {}
         timeout = datetime.timedelta(seconds=timeout_seconds())
         # torchrun's c10d rendezvous keeps ONE store across restarts (--max-restarts): without a

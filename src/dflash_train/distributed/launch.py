@@ -15,9 +15,11 @@ import sys
 import torch.distributed as dist
 
 from dflash_train.config import JobConfig, load_config
-from dflash_train.distributed.common import Timings, control_group, fully_shard_target, install_step_hooks, wrap_drafter
+from dflash_train.distributed import watchdog
+from dflash_train.distributed.common import Timings, fully_shard_target, install_step_hooks, wrap_drafter
 from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
 from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
+from dflash_train.distributed.groups import Groups, build_groups
 from dflash_train.train.loop import train
 from dflash_train.train.trainer import RankInfo, resolve_device, resolve_dtype
 
@@ -41,18 +43,26 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
         cfg.train.device = str(env.device)
     try:
         topo = Topology.build(env.world, target_ranks, drafter_ranks)
+        if env.distributed:
+            role = "colocated" if not topo.disaggregated else ("drafter" if topo.is_drafter(env.rank) else "target")
+            watchdog.start(env.rank, role)
+            watchdog.beat("creating process groups")
+        groups = build_groups(topo.drafters() if topo.disaggregated else list(range(env.world)), env.world, env.rank)
         if not env.distributed:
             if cfg.train.fsdp_drafter or cfg.train.fsdp_target:
                 echo("one process: train.fsdp_* ignored")
             result = train(cfg, target=_load_target(cfg, target, resolve_device(cfg.train.device)), echo=echo)
         elif topo.disaggregated:
-            result = _run_disaggregated(cfg, env, topo, target, echo)
+            result = _run_disaggregated(cfg, env, topo, groups, target, echo)
         else:
-            result = _run_colocated(cfg, env, target, echo)
+            result = _run_colocated(cfg, env, groups, target, echo)
+        watchdog.beat("shutting down")
     except BaseException:
+        watchdog.stop()
         shutdown(clean=False)
         raise
     shutdown()
+    watchdog.stop()
     return result
 
 
@@ -60,18 +70,20 @@ def _echo_for(env: DistEnv, echo):
     return echo if env.rank == 0 else (lambda *a, **k: None)
 
 
-def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
-    group = dist.group.WORLD
-    control = control_group(group)
+def _run_colocated(cfg: JobConfig, env: DistEnv, groups: Groups, target, echo) -> dict:
+    group, control = groups.drafters, groups.control
     ranks = RankInfo(env.rank, env.world, group)
     device = resolve_device(cfg.train.device)
     timings = Timings(device)
     if env.rank != 0:
+        watchdog.beat("waiting for rank 0 to build the data cache")
         dist.barrier()  # rank 0 builds the data cache first (concurrent builds would race)
+    watchdog.beat("loading the target, building the drafter and the data")
 
     def wrap(trainer) -> None:
         if env.rank == 0:
             dist.barrier()
+        watchdog.beat("first step (compiles on a cold cache)")
         if cfg.train.fsdp_target:
             fully_shard_target(trainer.target, group, device)
         local = trainer.feature_source
@@ -89,19 +101,20 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, target, echo) -> dict:
     return train(cfg, target=_load_target(cfg, target, device), ranks=ranks, wrap=wrap, echo=echo_fn)
 
 
-def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, echo) -> dict:
+def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Groups, target, echo) -> dict:
     if cfg.train.fsdp_target:
         raise ValueError("train.fsdp_target is for colocated runs; with --target-ranks each target rank "
                          "holds a whole target")
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")
-    drafter_group = dist.new_group(topo.drafters())  # every rank must create every group
-    control = control_group(drafter_group, topo.drafters())
+    drafter_group, control = groups.drafters, groups.control
     device = resolve_device(cfg.train.device)
     timings = Timings(device)
     if env.rank != 0:
+        watchdog.beat("waiting for rank 0 to build the data cache")
         dist.barrier()  # rank 0 builds the data cache first
+    watchdog.beat("loading the target, building the drafter and the data")
     loaded = _load_target(cfg, target, device)
     if not topo.is_drafter(env.rank):
         echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
@@ -117,6 +130,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, target, ech
     def wrap(trainer) -> None:
         if env.rank == 0:
             dist.barrier()
+        watchdog.beat("first step (compiles on a cold cache)")
         receiver.append(FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings))
         wrap_drafter(trainer, drafter_group, device)
         install_step_hooks(trainer, control, timings, on_last_step=receiver[0].finish)
