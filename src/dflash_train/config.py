@@ -74,6 +74,7 @@ class TrainConfig:
     device: str = "auto"
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers (CUDA only)
+    compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     loss_chunk_size: int = 4096
     log_every: int = 10

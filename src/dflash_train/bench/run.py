@@ -17,6 +17,9 @@ Timing:
   overlap is what training gets. Throughput, TFLOP/s and MFU come from it;
 * the warm-up steps (``warmup``) are synchronized and timed one by one; the first
   one (``first_step_s``) carries torch.compile / flex / autotuning costs;
+  ``compile_s`` is dynamo's own count of it (``compile_breakdown_s``: tracing, forward and
+  backward graphs, waiting for Triton), ``compile_cache`` the state of the persistent
+  inductor cache when the run started (``empty`` or ``warm``);
 * the PHASE times come from a separate "profiled" pass of ``profile_steps`` steps run
   after the timed loop, with ``torch.cuda.synchronize()`` at every phase boundary
   (prepare, target forward, drafter forward + loss, backward, optimizer). Their sum is
@@ -59,6 +62,7 @@ from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.objective.blocks import default_gamma, sample_batch_anchors
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.train import compilation
 from dflash_train.train.optim import build_optimizer, build_scheduler
 from dflash_train.train.parallelize import parallelize_drafter
 
@@ -334,6 +338,11 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     ceiling = matmul_ceiling(device, ceiling_size, ceiling_dtype)
     log(f"matmul ceiling {ceiling:.1f} TFLOP/s ({ceiling_size}^3 {ceiling_dtype})")
 
+    cache = "n/a"
+    if cfg.compile:
+        folder = compilation.use_persistent_cache()
+        cache = compilation.cache_state(folder)
+        log(f"compile cache {cache}: {folder}")
     t0 = time.perf_counter()
     target = build_target(cfg.target_config, device, dtype)
     drafter, dcfg = build_drafter(target, cfg, device)
@@ -451,6 +460,9 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         "peak_host_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "build_s": build_s,
         "first_step_s": first_step_s,
+        "compile_cache": cache,
+        "compile_s": compilation.compile_seconds()["total"] if cfg.compile else 0.0,
+        "compile_breakdown_s": compilation.compile_seconds() if cfg.compile else {},
         "warmup_step_s": warmup_times,
         "recompiles_after_warmup": recompiles,
         "dynamo_graphs_total": _dynamo_graphs(),

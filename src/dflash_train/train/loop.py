@@ -7,9 +7,11 @@ wrapped model; everything else is the same in one process and in many.
 from __future__ import annotations
 
 import json
+import time
 
 from dflash_train.config import JobConfig
 from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dflash_train.train.compilation import FirstStep
 from dflash_train.train.trainer import RankInfo, Trainer
 
 
@@ -58,15 +60,19 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
         summary["tau_before"] = evaluator(trainer)
+    first = FirstStep(trainer.run_dir, cfg.train.compile_artifacts, trainer.compiled, trainer.ranks.is_main,
+                      trainer.echo)
     save_due = Every(cfg.train.save_every_steps, cfg.train.save_every_minutes, trainer.counters.train_seconds)
     eval_due = Every(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
 
     def on_step_end(t: Trainer) -> None:
+        summary.update(first.done(time.perf_counter() - started))  # the first step only
         if save_due(t) and t.counters.step < t.total_steps:
             save_checkpoint(t)
         if evaluator is not None and eval_due(t) and not t.stop_requested:
             evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
 
+    started = time.perf_counter()
     result = trainer.run(on_step_end)
     final = save_checkpoint(trainer)
     summary.update(_curve_summary(result["history"]))

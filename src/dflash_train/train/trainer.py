@@ -83,8 +83,8 @@ class Trainer:
         if cfg.train.init_from:
             self._warm_start(cfg.train.init_from)
         self.opts = self._objective_options()
-        parallelize_drafter(self.drafter, cfg.train.activation_checkpointing,
-                            compile=cfg.train.compile and self.device.type == "cuda")
+        self.compiled = cfg.train.compile and self.device.type == "cuda"
+        parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, compile=self.compiled)
         self._build_data()
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, fused=self.device.type == "cuda")
         self.counters = Counters()

@@ -1,0 +1,118 @@
+"""What the first (compiling) step costs, and how not to pay it twice.
+
+``torch.compile`` turns the drafter layer into one Triton-backed graph (forward and
+backward) during the first step. On an empty cache that is most of a short run, so:
+
+* a persistent cache by default: inductor's cache (FX graphs, AOTAutograd, Triton kernels)
+  goes to ``$XDG_CACHE_HOME/dflash-train/inductor`` (``~/.cache/...``) unless
+  ``TORCHINDUCTOR_CACHE_DIR`` is set; a second run, a restart or another rank on the same
+  machine then starts warm;
+* portable artifacts: after the first step rank 0 writes the compiled artifacts
+  (``torch.compiler.save_cache_artifacts``) to ``RUN/compile-artifacts.bin``; a resumed run
+  loads them, and ``train.compile_artifacts=FILE`` loads a file shipped from another
+  machine (same torch, GPU kind and shapes) so that fresh machines and new ranks start warm;
+* say what happens: the state of the cache before the first step, and the time it took.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+ARTIFACTS = "compile-artifacts.bin"
+
+
+def default_cache_dir() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dflash-train" / "inductor"
+
+
+def use_persistent_cache() -> Path:
+    """Point inductor at a persistent folder (unless the user already chose one); return it."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(default_cache_dir())
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def cache_state(folder: Path) -> str:
+    """``"warm"`` when the folder holds compiled graphs already, else ``"empty"``."""
+    graphs = [folder / "fxgraph", folder / "aotautograd"]
+    return "warm" if any(p.is_dir() and any(p.iterdir()) for p in graphs) else "empty"
+
+
+def load_artifacts(path: Path) -> bool:
+    """Pre-populate the caches from a ``save_cache_artifacts`` file; False if there is none."""
+    if not path.is_file():
+        return False
+    torch.compiler.load_cache_artifacts(path.read_bytes())
+    return True
+
+
+def save_artifacts(path: Path) -> int:
+    """Write what this process compiled so far; the number of bytes (0: nothing compiled)."""
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return 0
+    data, _info = saved
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return len(data)
+
+
+def compile_seconds() -> dict[str, float]:
+    """Where compile time went in this process (dynamo's own timers, summed per phase):
+    ``total`` = dynamo entry (tracing + forward graph) + the lazily compiled backward graphs."""
+    from torch._dynamo.utils import compilation_time_metrics as m
+
+    def total(key: str) -> float:
+        return float(sum(m.get(key, [])))
+
+    out = {
+        "dynamo_tracing": total("bytecode_tracing"),
+        "forward_graphs": total("OutputGraph.call_user_compiler"),
+        "backward_graphs": total("compile_fx.<locals>.bw_compiler"),
+        "triton_compile_wait": total("async_compile.wait"),
+        "cache_loads": total("AOTAutogradCache.inductor_load"),
+    }
+    out["total"] = total("_compile.compile_inner") + out["backward_graphs"]
+    return out
+
+
+class FirstStep:
+    """Announces the first step's compilation and reports what it cost (see module doc)."""
+
+    def __init__(self, run_dir: Path, artifacts: str | None, enabled: bool, is_main: bool, echo=print):
+        self.enabled, self.is_main, self.echo = enabled, is_main, echo
+        self.run_dir = run_dir
+        self.state = "n/a"
+        self.reported = False
+        if not enabled:
+            return
+        self.cache_dir = use_persistent_cache()
+        self.state = cache_state(self.cache_dir)
+        loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / ARTIFACTS)
+                  if p is not None and load_artifacts(p)]
+        if artifacts and not loaded:
+            raise FileNotFoundError(f"train.compile_artifacts: {artifacts} does not exist")
+        if loaded:
+            self.state = "warm"
+        source = f", artifacts {', '.join(map(str, loaded))}" if loaded else ""
+        echo(f"compiling the drafter layers: first step only (cache {self.state}: {self.cache_dir}{source})")
+
+    def done(self, seconds: float) -> dict:
+        """After the first step: report it, and (rank 0) save the artifacts for restarts.
+        Later calls return nothing."""
+        if not self.enabled or self.reported:
+            return {}
+        self.reported = True
+        spent = compile_seconds()
+        self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state})")
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_artifacts(self.run_dir / ARTIFACTS)
+        return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state}
