@@ -18,7 +18,7 @@ FIELDS = {
     "context_tokens_per_s", "drafted_positions_per_step", "drafted_positions_per_s", "flops_per_context_token",
     "gflops_per_context_token_breakdown", "achieved_tflops", "matmul_ceiling_tflops", "matmul_ceiling", "mfu",
     "phase_seconds", "profiled_step_s", "phase_timing", "peak_memory_gib", "peak_host_rss_gib", "build_s",
-    "first_step_s", "warmup_step_s", "recompiles_after_warmup", "dynamo_graphs_total", "last_loss",
+    "first_step_s", "compile_cache", "compile_s", "compile_breakdown_s", "warmup_step_s", "recompiles_after_warmup", "dynamo_graphs_total", "last_loss",
     "rank", "world_size", "context_tokens_per_s_per_gpu",
 }
 
