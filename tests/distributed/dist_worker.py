@@ -39,7 +39,7 @@ def crash_now(how: str, marker: str | None) -> None:
         if Path(marker).exists():
             return
         Path(marker).write_text("crashed once")
-    print(f"CRASHING rank {os.environ['RANK']}", flush=True)
+    print(f"CRASHING rank {os.environ['RANK']} at {time.time():.3f}", flush=True)
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     os._exit(3)

@@ -30,7 +30,8 @@ def _load_target(cfg: JobConfig, target, device):
         from dflash_train.models.target import Target
 
         return Target.load(cfg.target.path, resolve_dtype(cfg.target.dtype, device), device, cfg.target.gguf_file)
-    return target() if callable(target) and not hasattr(target, "facts") else target
+    loaded = target() if callable(target) and not hasattr(target, "facts") else target
+    return loaded.to(device)  # a target built elsewhere (tests, notebooks) trains on this rank's device
 
 
 def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int = 0, echo=print) -> dict:
