@@ -11,8 +11,9 @@ positions; keys are ``[context 0..s-1 ; all blocks]``. Block ``j`` (anchor ``a_j
   are causal inside the block.
 
 The same ``mask_mod`` feeds both backends: evaluated on broadcast index tensors it
-gives the dense bool mask of the CPU/SDPA path; given to ``create_block_mask`` it
-gives the block-sparse flex ``BlockMask`` (``H=None``: the mask is head-independent,
+gives the dense bool mask of the CPU/SDPA path; inside partial tiles of the
+block-sparse flex ``BlockMask`` (its tiles computed from the anchors, ``block_mask.py``)
+it decides each element (``H=None``: the mask is head-independent,
 and a per-head mask would multiply its memory by the head count).
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from dflash_train.models.block_mask import dflash_block_mask
 from dflash_train.models.config import FULL_ATTENTION, SLIDING_ATTENTION
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -84,31 +86,12 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device) -
 def flex_block_masks(
     layer_types: tuple[str, ...], anchors, keep, context_len: int, block_size: int, sliding_window: int | None
 ) -> dict[str, object]:
-    """Block-sparse flex BlockMasks (``H=None``: shared by all heads), one per layer type.
-
-    ``anchors``/``keep`` are inputs of this function rather than constants captured in
-    a fresh closure, so the compiled version (:func:`compiled_flex_block_masks`) is
-    traced once per shape and never recompiles when only the anchor values change.
-    """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    batch, num_blocks = anchors.shape
-    q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
+    """Block-sparse flex BlockMasks (``H=None``: shared by all heads), one per layer type,
+    computed from the anchors' intervals (``block_mask.py``): no dense mask, no compile."""
     mods = mask_mods(list(layer_types), anchors, keep, context_len, block_size, sliding_window)
-    return {name: create_block_mask(mod, batch, None, q_len, kv_len, device=anchors.device)
+    return {name: dflash_block_mask(mod, anchors, keep, context_len, block_size,
+                                    sliding_window if name == SLIDING_ATTENTION else None)
             for name, mod in mods.items()}
-
-
-_COMPILED_FLEX_MASKS = None
-
-
-def compiled_flex_block_masks(*args):
-    """:func:`flex_block_masks` under ``torch.compile``: uncompiled, ``create_block_mask``
-    materializes dense (q, kv) masks, which is exactly what flex exists to avoid."""
-    global _COMPILED_FLEX_MASKS
-    if _COMPILED_FLEX_MASKS is None:
-        _COMPILED_FLEX_MASKS = torch.compile(flex_block_masks, dynamic=False)
-    return _COMPILED_FLEX_MASKS(*args)
 
 
 def build_masks(
@@ -122,7 +105,7 @@ def build_masks(
 ) -> dict[str, object]:
     """Build each layer type's mask once per batch, outside the layers.
 
-    ``backend`` is ``"sdpa"`` (dense bool masks) or ``"flex"`` (compiled BlockMask).
+    ``backend`` is ``"sdpa"`` (dense bool masks) or ``"flex"`` (block-sparse BlockMask).
     """
     batch, num_blocks = anchors.shape
     q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
@@ -131,5 +114,5 @@ def build_masks(
         return {name: dense_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
     if backend == "flex":
         types = tuple(sorted(set(layer_types)))
-        return compiled_flex_block_masks(types, anchors, keep, context_len, block_size, sliding_window)
+        return flex_block_masks(types, anchors, keep, context_len, block_size, sliding_window)
     raise ValueError(f"unknown attention backend {backend!r}; use 'sdpa' or 'flex'")
