@@ -61,6 +61,8 @@ def test_block_mask_equals_dense_mask(context_len, num_blocks, block_size, windo
         def mod(b, h, q, kv):
             return base(b, h, q, kv) & ((kv >= context_len) | (kv >= starts[b, q // block_size]))
     mask = dflash_block_mask(mod, anchors, keep, context_len, block_size, window, starts)
+    for tensor in (mask.kv_num_blocks, mask.kv_indices, mask.full_kv_num_blocks, mask.full_kv_indices):
+        assert tensor.is_contiguous()  # the CUDA kernels assume row-major layouts (wrong results otherwise)
     q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
     want = dense_mask(mod, batch, q_len, kv_len, "cpu")[:, 0]
     torch.testing.assert_close(effective_mask(mask, mod, batch, q_len, kv_len), want)

@@ -38,10 +38,15 @@ def _tile_membership(num_blocks: int, block_size: int, q_tiles: int, device) -> 
 
 
 def _ordered(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(counts [b, 1, qt], indices [b, 1, qt, kt]) of the selected key tiles, selected first."""
+    """(counts [b, 1, qt], indices [b, 1, qt, kt]) of the selected key tiles, selected first.
+
+    Contiguous: the CUDA flex kernels index these with row-major strides of their own
+    (``selected`` comes out of an einsum in [qt, b, kt] memory order, and argsort keeps it;
+    on an H200 that gave wrong outputs and illegal memory accesses, while CPU flex was right).
+    """
     counts = selected.sum(-1, dtype=torch.int32)
     order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True).to(torch.int32)
-    return counts[:, None], order[:, None]
+    return counts[:, None].contiguous(), order[:, None].contiguous()
 
 
 def dflash_block_mask(mask_mod, anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int,
