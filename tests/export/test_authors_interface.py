@@ -16,7 +16,12 @@ import pytest
 import torch
 from transformers import AutoModel, DynamicCache
 
-from dflash_train.eval.speculative import DFlashProposer, DrafterContextCache, speculative_generate, target_generate
+from dflash_train.eval.speculative import (
+    DFlashProposer,
+    DrafterContextCache,
+    speculative_generate,
+    target_generate,
+)
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.target import Target
 
@@ -184,13 +189,13 @@ def test_spec_generate_equals_dflash_train_eval_on_smollm2(tmp_path, smollm2):
     stop = [target.tokenizer.eos_token_id]
 
     seen_eval, h1 = _record_norm_outputs(ours)
-    reference = speculative_generate(target, ours, ids, 20, stop_token_ids=stop)
+    reference = speculative_generate(target, ours, ids, 12, stop_token_ids=stop)
     h1.remove()
     seen_export, h2 = _record_norm_outputs(model)
-    stats = model.spec_generate(target=target.model, input_ids=ids, max_new_tokens=20, stop_token_ids=stop,
+    stats = model.spec_generate(target=target.model, input_ids=ids, max_new_tokens=12, stop_token_ids=stop,
                                 temperature=0.0, return_stats=True)
     h2.remove()
-    static = StaticDecoder(target, ours, max_len=ids.shape[1] + 20 + 8).speculative(ids, 20, stop)
+    static = StaticDecoder(target, ours, max_len=ids.shape[1] + 12 + 8).speculative(ids, 12, stop)
 
     assert stats.output_ids[0, ids.shape[1]:].tolist() == reference.tokens == static.tokens
     assert stats.output_ids[0, : ids.shape[1]].tolist() == ids[0].tolist()

@@ -149,6 +149,7 @@ def test_config_json_has_every_spec_field(tmp_path):
         "block_size": 4,
         "num_target_layers": 6,
         "dflash_config": {"mask_token_id": 127, "target_layer_ids": [1, 3]},
+        "eagle_aux_hidden_state_layer_ids": [2, 4],
         "dtype": "float32",
         "torch_dtype": "float32",
     }
@@ -174,6 +175,72 @@ def test_config_json_sliding_bias_and_rope_scaling(tmp_path):
     assert config["dtype"] == config["torch_dtype"] == "bfloat16"
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
+
+
+def _vllm_aux_layers(config: dict) -> list[int]:
+    """How vLLM picks the target layers to capture (a reimplementation of
+    ``get_eagle3_aux_layers_from_config``): ``eagle_aux_hidden_state_layer_ids`` if set,
+    else ``dflash_config.target_layer_ids`` + 1 (its capture point j = input of layer j)."""
+    return list(config.get("eagle_aux_hidden_state_layer_ids") or
+                [i + 1 for i in config["dflash_config"]["target_layer_ids"]])
+
+
+def _sglang_fields(config: dict) -> dict:
+    """What SGLang's ``parse_dflash_draft_config`` reads: dflash_config first, then the top level."""
+    dflash = config["dflash_config"]
+    return {k: dflash.get(k, config.get(k)) for k in ("target_layer_ids", "block_size", "mask_token_id",
+                                                       "num_target_layers")} | {
+        "num_hidden_layers": config["num_hidden_layers"], "architectures": config["architectures"]}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_keys_both_engines_read(tmp_path, variant):
+    """vLLM sizes fc and captures layers from eagle_aux_hidden_state_layer_ids (else target_layer_ids + 1);
+    SGLang reads dflash_config / top-level block_size; both must name the layers we trained on."""
+    _, drafter, cfg = make(variant)
+    config = json.loads((export(drafter, cfg, tmp_path / "e") / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in cfg.target_layer_ids]
+    assert _vllm_aux_layers(config) == [i + 1 for i in cfg.target_layer_ids]
+    assert len(_vllm_aux_layers(config)) * config["hidden_size"] == drafter.fc.weight.shape[1]  # vLLM's fc input
+    assert _sglang_fields(config) == {
+        "target_layer_ids": cfg.target_layer_ids, "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+        "num_target_layers": cfg.num_target_layers, "num_hidden_layers": cfg.num_hidden_layers,
+        "architectures": ["DFlashDraftModel"]}
+    assert "target_layer_ids" not in config  # a top-level copy would be read with yet another +1 by vLLM
+    readme = (tmp_path / "e" / "README.md").read_text()
+    assert f'"num_speculative_tokens": {cfg.block_size - 1}' in readme
+    assert "--speculative-algorithm DFLASH" in readme and f"--speculative-num-draft-tokens {cfg.block_size}" in readme
+
+
+def test_inconsistent_aux_layer_ids_refused(tmp_path):
+    _, drafter, cfg = make()
+    out = export(drafter, cfg, tmp_path / "e")
+    config = json.loads((out / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 3]  # = target_layer_ids: off by one for vLLM
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids \[1, 3\] must be .* \[2, 4\]"):
+        load_drafter_folder(out)
+    del config["eagle_aux_hidden_state_layer_ids"]  # a folder without it (the authors') still loads
+    (out / "config.json").write_text(json.dumps(config))
+    load_drafter_folder(out)
+
+
+def test_default_export_is_bfloat16_and_eval_upcasts(tmp_path):
+    """export_drafter without dtype writes bf16; eval's loader reads it into a float32 target's dtype,
+    and speculative decoding with it is still lossless."""
+    from dflash_train.eval.loader import load_drafter_folder as eval_load
+    from dflash_train.eval.speculative import speculative_generate, target_generate
+
+    target, drafter, cfg = make()
+    out = export_drafter(drafter, cfg, tmp_path / "e")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = eval_load(out, target)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert torch.equal(loaded.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
+    prompt = torch.tensor([[5, 9, 2, 44]])
+    assert speculative_generate(target, loaded, prompt, 10).tokens == target_generate(target, prompt, 10).tokens
 
 
 def expected_names_by_hand(layers, h, q_out, kv_out, hd, inter, n, bias):
