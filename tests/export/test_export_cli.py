@@ -59,7 +59,7 @@ def test_picks_newest_complete_checkpoint(run_dir):
 def test_cli_export_run_folder(run_dir, tmp_path, capsys):
     run, drafters = run_dir
     out = tmp_path / "out"
-    assert main(["export", str(run), str(out)]) == 0
+    assert main(["export", str(run), str(out), "--dtype", "float32"]) == 0
     assert "step-002000" in capsys.readouterr().out
     loaded, cfg = load_drafter_folder(out)
     assert torch.equal(loaded.fc.weight, drafters[2000].fc.weight)
@@ -85,7 +85,26 @@ def test_cli_latest_pointer_when_no_complete_step(tmp_path):
     assert find_checkpoint(run) == run / "ckpt-final"
     assert main(["export", str(run), str(tmp_path / "out")]) == 0
     loaded, _ = load_drafter_folder(tmp_path / "out")
-    assert torch.equal(loaded.norm.weight, drafter.norm.weight)
+    assert torch.equal(loaded.norm.weight, drafter.norm.weight.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("flag, dtype", [(None, torch.bfloat16), ("bfloat16", torch.bfloat16),
+                                         ("float16", torch.float16), ("float32", torch.float32)])
+def test_cli_export_dtype(tmp_path, flag, dtype):
+    """bf16 unless --dtype says otherwise (the authors ship bf16); every saved tensor has that dtype."""
+    from safetensors import safe_open
+
+    drafter, _ = write_checkpoint(tmp_path / "ck", seed=2)  # a float32 checkpoint
+    out = tmp_path / "out"
+    assert main(["export", str(tmp_path / "ck"), str(out), *(["--dtype", flag] if flag else [])]) == 0
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        dtypes = {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118
+    assert dtypes == {dtype}
+    name = str(dtype).removeprefix("torch.")
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == name
+    loaded, _ = load_drafter_folder(out)  # read back as float32, values rounded once
+    assert torch.equal(loaded.fc.weight, drafter.fc.weight.to(dtype).float())
 
 
 def test_cli_refuses_folder_that_is_neither(tmp_path, capsys):

@@ -46,6 +46,12 @@ VARIANTS = {
 }
 
 
+def export(drafter, cfg, out, **kw):
+    """A float32 export: these tests compare the written tensors exactly with the float32 drafter."""
+    kw.setdefault("dtype", torch.float32)
+    return export_drafter(drafter, cfg, out, **kw)
+
+
 def make(variant="plain", seed=0, **target_kw):
     target = Target(tiny_qwen3(**target_kw))
     drafter, cfg = tiny_drafter(target, seed=seed, **VARIANTS[variant])
@@ -83,7 +89,7 @@ def hf_load(out):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_automodel_round_trip_matches_drafter(tmp_path, variant):
     _, drafter, cfg = make(variant)
-    out = export_drafter(drafter, cfg, tmp_path / f"export_{variant}")
+    out = export(drafter, cfg, tmp_path / f"export_{variant}")
     model, info = hf_load(out)
     assert type(model).__name__ == "DFlashDraftModel"
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
@@ -106,7 +112,7 @@ def test_automodel_round_trip_matches_drafter(tmp_path, variant):
 
 def test_modeling_file_is_drafter_source_verbatim(tmp_path):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     text = (out / MODELING_FILE).read_text()
     source = DRAFTER_SOURCE.read_text()
     assert text.startswith(source.rstrip("\n") + "\n")
@@ -119,7 +125,7 @@ def test_modeling_file_is_drafter_source_verbatim(tmp_path):
 
 def test_config_json_has_every_spec_field(tmp_path):
     _, drafter, cfg = make("plain")
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     config = json.loads((out / "config.json").read_text())
     expected = {
         "architectures": ["DFlashDraftModel"],
@@ -143,6 +149,7 @@ def test_config_json_has_every_spec_field(tmp_path):
         "block_size": 4,
         "num_target_layers": 6,
         "dflash_config": {"mask_token_id": 127, "target_layer_ids": [1, 3]},
+        "eagle_aux_hidden_state_layer_ids": [2, 4],
         "dtype": "float32",
         "torch_dtype": "float32",
     }
@@ -157,7 +164,7 @@ def test_config_json_has_every_spec_field(tmp_path):
 
 def test_config_json_sliding_bias_and_rope_scaling(tmp_path):
     _, drafter, cfg = make("sliding_bias_scaled")
-    out = export_drafter(drafter, cfg, tmp_path / "e", dtype=torch.bfloat16)
+    out = export(drafter, cfg, tmp_path / "e", dtype=torch.bfloat16)
     config = json.loads((out / "config.json").read_text())
     assert config["layer_types"] == ["full_attention", "sliding_attention", "full_attention"]
     assert config["sliding_window"] == 3 and config["use_sliding_window"] is True
@@ -168,6 +175,72 @@ def test_config_json_sliding_bias_and_rope_scaling(tmp_path):
     assert config["dtype"] == config["torch_dtype"] == "bfloat16"
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
+
+
+def _vllm_aux_layers(config: dict) -> list[int]:
+    """How vLLM picks the target layers to capture (a reimplementation of
+    ``get_eagle3_aux_layers_from_config``): ``eagle_aux_hidden_state_layer_ids`` if set,
+    else ``dflash_config.target_layer_ids`` + 1 (its capture point j = input of layer j)."""
+    return list(config.get("eagle_aux_hidden_state_layer_ids") or
+                [i + 1 for i in config["dflash_config"]["target_layer_ids"]])
+
+
+def _sglang_fields(config: dict) -> dict:
+    """What SGLang's ``parse_dflash_draft_config`` reads: dflash_config first, then the top level."""
+    dflash = config["dflash_config"]
+    return {k: dflash.get(k, config.get(k)) for k in ("target_layer_ids", "block_size", "mask_token_id",
+                                                       "num_target_layers")} | {
+        "num_hidden_layers": config["num_hidden_layers"], "architectures": config["architectures"]}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_config_keys_both_engines_read(tmp_path, variant):
+    """vLLM sizes fc and captures layers from eagle_aux_hidden_state_layer_ids (else target_layer_ids + 1);
+    SGLang reads dflash_config / top-level block_size; both must name the layers we trained on."""
+    _, drafter, cfg = make(variant)
+    config = json.loads((export(drafter, cfg, tmp_path / "e") / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in cfg.target_layer_ids]
+    assert _vllm_aux_layers(config) == [i + 1 for i in cfg.target_layer_ids]
+    assert len(_vllm_aux_layers(config)) * config["hidden_size"] == drafter.fc.weight.shape[1]  # vLLM's fc input
+    assert _sglang_fields(config) == {
+        "target_layer_ids": cfg.target_layer_ids, "block_size": cfg.block_size, "mask_token_id": cfg.mask_token_id,
+        "num_target_layers": cfg.num_target_layers, "num_hidden_layers": cfg.num_hidden_layers,
+        "architectures": ["DFlashDraftModel"]}
+    assert "target_layer_ids" not in config  # a top-level copy would be read with yet another +1 by vLLM
+    readme = (tmp_path / "e" / "README.md").read_text()
+    assert f'"num_speculative_tokens": {cfg.block_size - 1}' in readme
+    assert "--speculative-algorithm DFLASH" in readme and f"--speculative-num-draft-tokens {cfg.block_size}" in readme
+
+
+def test_inconsistent_aux_layer_ids_refused(tmp_path):
+    _, drafter, cfg = make()
+    out = export(drafter, cfg, tmp_path / "e")
+    config = json.loads((out / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 3]  # = target_layer_ids: off by one for vLLM
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids \[1, 3\] must be .* \[2, 4\]"):
+        load_drafter_folder(out)
+    del config["eagle_aux_hidden_state_layer_ids"]  # a folder without it (the authors') still loads
+    (out / "config.json").write_text(json.dumps(config))
+    load_drafter_folder(out)
+
+
+def test_default_export_is_bfloat16_and_eval_upcasts(tmp_path):
+    """export_drafter without dtype writes bf16; eval's loader reads it into a float32 target's dtype,
+    and speculative decoding with it is still lossless."""
+    from dflash_train.eval.loader import load_drafter_folder as eval_load
+    from dflash_train.eval.speculative import speculative_generate, target_generate
+
+    target, drafter, cfg = make()
+    out = export_drafter(drafter, cfg, tmp_path / "e")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    loaded = eval_load(out, target)
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+    assert torch.equal(loaded.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
+    prompt = torch.tensor([[5, 9, 2, 44]])
+    assert speculative_generate(target, loaded, prompt, 10).tokens == target_generate(target, prompt, 10).tokens
 
 
 def expected_names_by_hand(layers, h, q_out, kv_out, hd, inter, n, bias):
@@ -190,7 +263,7 @@ def expected_names_by_hand(layers, h, q_out, kv_out, hd, inter, n, bias):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_safetensors_has_exactly_the_spec_tensors(tmp_path, variant):
     _, drafter, cfg = make(variant)
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         written = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
         state = drafter.state_dict()
@@ -212,14 +285,14 @@ def test_export_refuses_a_state_dict_that_is_not_the_spec(tmp_path):
     _, drafter, cfg = make()
     drafter.extra = torch.nn.Linear(2, 2)  # would be exported under an unexpected name
     with pytest.raises(ValueError, match="unexpected tensors: extra.bias, extra.weight"):
-        export_drafter(drafter, cfg, tmp_path / "e")
+        export(drafter, cfg, tmp_path / "e")
     assert not (tmp_path / "e").exists()
     _, drafter, cfg = make()
     with pytest.raises(ValueError, match=r"missing tensors: layers\.2\."):
-        export_drafter(drafter, dataclasses.replace(cfg, num_hidden_layers=3, layer_types=["full_attention"] * 3),
+        export(drafter, dataclasses.replace(cfg, num_hidden_layers=3, layer_types=["full_attention"] * 3),
                        tmp_path / "e")
     with pytest.raises(ValueError, match="not resolved"):
-        export_drafter(drafter, dataclasses.replace(cfg, mask_token_id=None), tmp_path / "e")
+        export(drafter, dataclasses.replace(cfg, mask_token_id=None), tmp_path / "e")
 
 
 # -- existing folders ----------------------------------------------------------------------------
@@ -229,20 +302,20 @@ def test_existing_folder_refused_unless_force(tmp_path):
     _, drafter, cfg = make(seed=0)
     out = tmp_path / "e"
     out.mkdir()
-    export_drafter(drafter, cfg, out)  # an empty folder is fine
+    export(drafter, cfg, out)  # an empty folder is fine
     (out / "stale.txt").write_text("old")
     with pytest.raises(FileExistsError, match="--force"):
-        export_drafter(drafter, cfg, out)
+        export(drafter, cfg, out)
     assert (out / "stale.txt").exists()
     _, drafter2, cfg2 = make(seed=5)
-    export_drafter(drafter2, cfg2, out, force=True)
+    export(drafter2, cfg2, out, force=True)
     assert not (out / "stale.txt").exists()  # replaced as a whole, not merged
     loaded, _ = load_drafter_folder(out)
     assert torch.equal(loaded.fc.weight, drafter2.fc.weight)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]  # no temp folders left behind
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError):
-        export_drafter(drafter, cfg, tmp_path / "file", force=True)
+        export(drafter, cfg, tmp_path / "file", force=True)
 
 
 def test_failed_export_leaves_nothing(tmp_path):
@@ -253,7 +326,7 @@ def test_failed_export_leaves_nothing(tmp_path):
             raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
-        export_drafter(drafter, cfg, tmp_path / "e", tokenizer=BrokenTokenizer())
+        export(drafter, cfg, tmp_path / "e", tokenizer=BrokenTokenizer())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -264,12 +337,12 @@ def test_tokenizer_files_are_copied(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(SMOLLM2)
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e", tokenizer=tok, extra_config={"eos_token_id": 2})
+    out = export(drafter, cfg, tmp_path / "e", tokenizer=tok, extra_config={"eos_token_id": 2})
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     assert AutoTokenizer.from_pretrained(out)("hello world")["input_ids"] == tok("hello world")["input_ids"]
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 2
     with pytest.raises(ValueError, match="conflicts"):
-        export_drafter(drafter, cfg, tmp_path / "f", extra_config={"block_size": 99})
+        export(drafter, cfg, tmp_path / "f", extra_config={"block_size": 99})
 
 
 # -- load_drafter_folder ---------------------------------------------------------------------------
@@ -287,7 +360,7 @@ def _normalized(cfg: DrafterConfig) -> DrafterConfig:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_load_folder_round_trip(tmp_path, variant):
     target, drafter, cfg = make(variant)
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     loaded, cfg2 = load_drafter_folder(out, target)
     assert cfg2 == _normalized(cfg)
     assert loaded.state_dict().keys() == drafter.state_dict().keys()
@@ -312,7 +385,7 @@ def test_load_folder_round_trip(tmp_path, variant):
 )
 def test_load_folder_rejects_mismatched_target(tmp_path, target_kw, message):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     other = Target(tiny_qwen3(**target_kw))
     with pytest.raises(ValueError, match=message):
         load_drafter_folder(out, other)
@@ -320,7 +393,7 @@ def test_load_folder_rejects_mismatched_target(tmp_path, target_kw, message):
 
 def test_load_folder_rejects_layer_ids_out_of_range(tmp_path):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     config = json.loads((out / "config.json").read_text())
     del config["num_target_layers"]  # a folder that does not record it: the ids are still checked
     (out / "config.json").write_text(json.dumps(config))
@@ -333,7 +406,7 @@ def test_load_folder_rejects_layer_ids_out_of_range(tmp_path):
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
 def test_load_folder_missing_file(tmp_path, name):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     (out / name).unlink()
     with pytest.raises(FileNotFoundError, match=name):
         load_drafter_folder(out)
@@ -344,7 +417,7 @@ def test_load_folder_missing_file(tmp_path, name):
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
 def test_load_folder_corrupt_safetensors(tmp_path, damage):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     path = out / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00not a safetensors file" * 10,
@@ -356,7 +429,7 @@ def test_load_folder_corrupt_safetensors(tmp_path, damage):
 
 def test_load_folder_bad_config_json(tmp_path):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     (out / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"config\.json: not valid JSON"):
         load_drafter_folder(out)
@@ -384,7 +457,7 @@ def _rewrite_tensors(path: Path, edit):
 )
 def test_load_folder_strict_names_and_shapes(tmp_path, edit, message):
     _, drafter, cfg = make()
-    out = export_drafter(drafter, cfg, tmp_path / "e")
+    out = export(drafter, cfg, tmp_path / "e")
     _rewrite_tensors(out / "model.safetensors", edit)
     with pytest.raises(ValueError, match=message):
         load_drafter_folder(out)

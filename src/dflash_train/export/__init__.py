@@ -1,4 +1,4 @@
-"""Export/import of the DFlash serving folder (spec section 4); see ``serving`` and ``cli``."""
+"""Export/import of the DFlash serving folder (docs/spec.md section 4); see ``serving`` and ``cli``."""
 
 from dflash_train.export.serving import export_drafter, load_drafter_folder, serving_tensor_names
 

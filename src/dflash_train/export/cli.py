@@ -1,4 +1,4 @@
-"""``dflash-train export RUN_OR_CHECKPOINT OUT``: write the spec-4 serving folder.
+"""``dflash-train export RUN_OR_CHECKPOINT OUT``: write the serving folder of docs/spec.md section 4.
 
 Training artifacts this command reads
 -------------------------------------
@@ -168,7 +168,7 @@ def run_export(args: argparse.Namespace) -> int:
     elif args.tokenizer:
         print("dflash-train export: no target known (no target.json, no --target): tokenizer not copied")
     drafter = build_drafter(cfg, state, str(ckpt / WEIGHTS_NAME))
-    dtype = _DTYPES[args.dtype] if args.dtype else next(iter(state.values())).dtype
+    dtype = _DTYPES[args.dtype]
     written = export_drafter(drafter, cfg, out, tokenizer=tokenizer, force=args.force, dtype=dtype)
     summary = {
         "checkpoint": str(ckpt),
@@ -210,7 +210,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--dtype",
         choices=sorted(_DTYPES),
-        default=None,
-        help="dtype of the exported weights (default: as stored in the checkpoint)",
+        default="bfloat16",
+        help="dtype of the exported weights (default: bfloat16, what the authors ship; float32 keeps "
+        "a float32 checkpoint exact). Folder layout and serving: docs/spec.md section 4",
     )
     p.set_defaults(func=run_export)

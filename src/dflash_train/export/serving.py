@@ -1,18 +1,21 @@
-"""Export and import of the DFlash serving folder (spec section 4).
+"""Export and import of the DFlash serving folder (docs/spec.md section 4).
 
 An exported folder holds:
 
 - ``config.json``: a Qwen3 config (``model_type: qwen3``) with
   ``architectures: ["DFlashDraftModel"]``, ``auto_map.AutoModel`` pointing at the
   shipped modeling file, the drafter's shape, ``layer_types``/``sliding_window``,
-  ``block_size``, ``num_target_layers`` and
-  ``dflash_config: {mask_token_id, target_layer_ids}``.
+  ``block_size``, ``num_target_layers``,
+  ``dflash_config: {mask_token_id, target_layer_ids}`` and
+  ``eagle_aux_hidden_state_layer_ids`` (the same layers in vLLM's capture numbering,
+  ``target_layer_ids + 1``; vLLM reads this key before ``dflash_config``).
 - ``model.safetensors``: exactly the tensors :func:`serving_tensor_names` lists (the
   drafter layers, ``norm``, ``fc``, ``hidden_norm``); never the target's embedding or
-  lm_head, never rotary buffers.
+  lm_head, never rotary buffers. bfloat16 unless asked otherwise (what the authors ship).
 - ``modeling_dflash.py``: ``dflash_train/models/drafter.py`` copied verbatim plus a small
   ``PreTrainedModel`` wrapper (``modeling_wrapper.py.txt``), so
-  ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` builds the same network.
+  ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` builds the same network,
+  with the authors' ``forward`` signature and ``spec_generate``.
 - optionally the target's tokenizer files, and a short ``README.md``.
 
 :func:`load_drafter_folder` reads such a folder back (ours, or a published one with the
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts
+from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
 from dflash_train.models.drafter import DFlashDrafter
 
 CONFIG_FILE = "config.json"
@@ -45,6 +48,8 @@ MODELING_FILE = "modeling_dflash.py"
 ARCHITECTURE = "DFlashDraftModel"
 AUTO_MAP = {"AutoModel": f"{Path(MODELING_FILE).stem}.{ARCHITECTURE}"}
 DEFAULT_MAX_POSITIONS = 32768  # same fallback as drafter.rope_inv_freq
+DEFAULT_EXPORT_DTYPE = torch.bfloat16  # what the authors and SpecForge ship
+AUX_LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _MAX_LISTED = 12  # names listed per category in an error message
@@ -54,7 +59,7 @@ _MAX_LISTED = 12  # names listed per category in an error message
 
 
 def serving_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """The spec-4 tensor names and shapes for ``cfg``, derived from the config alone.
+    """The serving tensor names and shapes for ``cfg`` (docs/spec.md section 4), from the config alone.
 
     Deliberately independent of ``DFlashDrafter.state_dict()`` so tests can prove that
     export neither drops nor renames a tensor.
@@ -149,10 +154,16 @@ def _rope_fields(cfg: DrafterConfig) -> dict[str, Any]:
     return fields
 
 
+def aux_hidden_state_layer_ids(target_layer_ids) -> list[int]:
+    """``target_layer_ids`` in vLLM's numbering, where id ``j`` captures the input of target
+    layer ``j`` (= the raw output of layer ``j - 1``; 0 would be the embedding)."""
+    return [int(i) + 1 for i in target_layer_ids]
+
+
 def serving_config(
     cfg: DrafterConfig, dtype: torch.dtype = torch.float32, extra_config: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The ``config.json`` dict of spec 4 for a resolved drafter config."""
+    """The ``config.json`` dict (docs/spec.md section 4) for a resolved drafter config."""
     if not cfg.is_resolved:
         unset = [f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is None]
         raise ValueError(f"drafter config is not resolved against a target (unset: {unset}); cannot export")
@@ -185,6 +196,7 @@ def serving_config(
         "block_size": cfg.block_size,
         "num_target_layers": cfg.num_target_layers,
         "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        AUX_LAYER_IDS_KEY: aux_hidden_state_layer_ids(cfg.target_layer_ids),
         "initializer_range": 0.02,
         "use_cache": True,
         "dtype": dtype_name,
@@ -202,7 +214,7 @@ def serving_config(
 def drafter_config_from_serving(
     config: Mapping[str, Any], source: str = CONFIG_FILE, num_target_layers: int | None = None
 ) -> DrafterConfig:
-    """Build a :class:`DrafterConfig` from a spec-4 ``config.json`` dict (extra keys ignored)."""
+    """Build a :class:`DrafterConfig` from a serving ``config.json`` dict (unknown keys ignored)."""
     dflash = config.get("dflash_config")
     if not isinstance(dflash, Mapping):
         raise ValueError(f"{source}: not a DFlash drafter config (no 'dflash_config' object)")
@@ -232,6 +244,12 @@ def drafter_config_from_serving(
         scaling = None
     num_layers = int(config["num_hidden_layers"])
     layer_ids = [int(i) for i in dflash["target_layer_ids"]]
+    aux = config.get(AUX_LAYER_IDS_KEY)
+    if aux is not None and [int(i) for i in aux] != aux_hidden_state_layer_ids(layer_ids):
+        raise ValueError(
+            f"{source}: {AUX_LAYER_IDS_KEY} {list(aux)} must be dflash_config.target_layer_ids + 1 = "
+            f"{aux_hidden_state_layer_ids(layer_ids)}; vLLM reads it first, so it would serve other layers"
+        )
     cfg = DrafterConfig(
         num_hidden_layers=num_layers,
         block_size=int(config["block_size"]),
@@ -291,15 +309,28 @@ def modeling_source() -> str:
 
 def _readme(config: dict[str, Any]) -> str:
     ids = config["dflash_config"]["target_layer_ids"]
+    block = config["block_size"]
     return (
         "# DFlash drafter\n\n"
         "Block-diffusion speculative-decoding drafter exported by `dflash-train export`.\n\n"
-        f"- block_size: {config['block_size']} (serve with `num_speculative_tokens = {config['block_size'] - 1}`)\n"
+        f"- block_size: {block}\n"
         f"- drafter layers: {config['num_hidden_layers']}, hidden size {config['hidden_size']}\n"
-        f"- target layers read: {ids} of {config['num_target_layers']}\n"
-        f"- mask_token_id: {config['dflash_config']['mask_token_id']}\n\n"
-        "The target's embedding and lm_head are not included; load with\n"
-        "`AutoModel.from_pretrained(path, trust_remote_code=True)`.\n"
+        f"- target layers read: {ids} of {config['num_target_layers']} "
+        f"(vLLM numbering: {config[AUX_LAYER_IDS_KEY]})\n"
+        f"- mask_token_id: {config['dflash_config']['mask_token_id']}\n"
+        f"- weights: {config['dtype']}\n\n"
+        "The target's embedding and lm_head are not included.\n\n"
+        "```bash\n"
+        f"vllm serve TARGET --speculative-config '{{\"method\": \"dflash\", \"model\": \"THIS_FOLDER\", "
+        f"\"num_speculative_tokens\": {block - 1}}}'\n"
+        "python -m sglang.launch_server --model-path TARGET --speculative-algorithm DFLASH \\\n"
+        f"    --speculative-draft-model-path THIS_FOLDER --speculative-num-draft-tokens {block} --trust-remote-code\n"
+        "```\n\n"
+        "```python\n"
+        "draft = AutoModel.from_pretrained(THIS_FOLDER, trust_remote_code=True, dtype=\"auto\").eval()\n"
+        "out = draft.spec_generate(target=target, input_ids=ids, max_new_tokens=256, temperature=0.0,\n"
+        "                          stop_token_ids=[tokenizer.eos_token_id])\n"
+        "```\n"
     )
 
 
@@ -325,18 +356,17 @@ def export_drafter(
     extra_config: dict[str, Any] | None = None,
     dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write the spec-4 serving folder for ``drafter`` to ``out_dir`` and return its path.
+    """Write the serving folder (docs/spec.md section 4) for ``drafter`` to ``out_dir``; return its path.
 
     The folder is built in a temporary sibling and renamed into place, so ``out_dir``
     is either the complete new export or untouched. ``dtype`` casts the saved weights
-    (default: the drafter's own parameter dtype).
+    (default: bfloat16, as the authors ship; ``torch.float32`` keeps a float32 drafter exact).
     """
     out = Path(out_dir).expanduser().absolute()
     _prepare_out_dir(out, force)
     state = {k: v for k, v in drafter.state_dict().items()}
     check_tensors(state, cfg, "the drafter's state_dict")
-    if dtype is None:
-        dtype = next(iter(state.values())).dtype
+    dtype = DEFAULT_EXPORT_DTYPE if dtype is None else dtype
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in state.items()}
     config = serving_config(cfg, dtype, extra_config)
     modeling = modeling_source()
@@ -457,12 +487,10 @@ def check_against_target(cfg: DrafterConfig, target, source: str = "drafter") ->
         )
     if cfg.vocab_size != facts.vocab_size:
         problems.append(f"vocab_size {cfg.vocab_size} != the target's vocab size {facts.vocab_size}")
-    bad = [i for i in cfg.target_layer_ids or [] if not 0 <= i < facts.num_hidden_layers]
-    if bad:
-        problems.append(
-            f"target_layer_ids {bad} out of range for a target with {facts.num_hidden_layers} layers "
-            f"(valid: 0..{facts.num_hidden_layers - 1})"
-        )
+    try:
+        check_target_layer_ids(cfg.target_layer_ids or [], facts.num_hidden_layers, "target_layer_ids")
+    except ValueError as err:
+        problems.append(str(err))
     if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < facts.vocab_size:
         problems.append(
             f"mask_token_id {cfg.mask_token_id} has no row in the target's embedding table "
@@ -496,7 +524,7 @@ def load_drafter_folder(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> tuple[DFlashDrafter, DrafterConfig]:
-    """Load a spec-4 folder (ours or a published one) as ``(DFlashDrafter, DrafterConfig)``.
+    """Load a serving folder (ours or a published one) as ``(DFlashDrafter, DrafterConfig)``.
 
     Weights load strictly (missing/unexpected names or wrong shapes -> ``ValueError``).
     With a target (``TargetFacts``, ``Target``, HF model or HF config) the pairing is

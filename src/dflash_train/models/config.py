@@ -1,7 +1,7 @@
 """The drafter's architecture as a validated dataclass.
 
 A drafter is described by the same fields the DFlash serving format stores in
-``config.json`` (spec section 4), so export is a plain field copy. Fields the user
+``config.json`` (docs/spec.md section 4), so export is a plain field copy. Fields the user
 leaves as ``None`` are filled from the target (:func:`resolve_drafter_config`).
 """
 
@@ -16,10 +16,14 @@ SLIDING_ATTENTION = "sliding_attention"
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
-    """Spec 1: one feature -> the middle layer; else layer 1 .. L-3, evenly spaced.
+    """docs/spec.md section 1: one feature -> the middle layer; else layer 1 .. L-3, evenly spaced.
 
-    ``round`` is Python's (banker's) rounding, as in the reference formula; for the
-    documented example L=36, n=5 it gives [1, 9, 17, 25, 33].
+    The expression is the authors' and SGLang's, term for term: the integer product
+    ``i * (L - 4)`` is formed first and divided once, then Python's (banker's) ``round``.
+    Writing it as ``i * ((L - 4) / (n - 1))`` rounds the quotient first and can land on
+    the other side of a .5 tie (L=65, n=15: layer 31 instead of 32), which would pair a
+    drafter with different layers than the serving engine computes.
+    For the documented example L=36, n=5 it gives [1, 9, 17, 25, 33].
     """
     if num_features < 1:
         raise ValueError(f"num_features must be >= 1, got {num_features}")
@@ -27,14 +31,38 @@ def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[
         return [num_target_layers // 2]
     if num_target_layers < 4:
         raise ValueError(f"a target with {num_target_layers} layers is too shallow for {num_features} features")
-    step = (num_target_layers - 4) / (num_features - 1)
-    ids = [int(round(1 + i * step)) for i in range(num_features)]
+    ids = [int(round(1 + (i * (num_target_layers - 4)) / (num_features - 1))) for i in range(num_features)]
     if len(set(ids)) != len(ids):
         raise ValueError(
             f"the default rule gives repeated target layers {ids} for {num_features} features of a "
             f"{num_target_layers}-layer target; set drafter.target_layer_ids or a smaller num_target_features"
         )
     return ids
+
+
+def check_target_layer_ids(layer_ids: list[int], num_target_layers: int, field: str = "drafter.target_layer_ids") -> None:
+    """Raise ``ValueError`` unless every id names a usable layer: ``0 .. L-2``.
+
+    A feature is the raw output of target layer ``i`` (HF ``hidden_states[i + 1]``).
+    The last layer ``L - 1`` has no such state anywhere else: HF's ``hidden_states[L]``
+    is taken after the final norm (so the authors' code would feed a different tensor
+    than our trainer), and vLLM/SGLang capture a layer's output as the input of layer
+    ``i + 1``, which does not exist for the last layer. A drafter trained on it could
+    not be served, so it is refused here, before any training.
+    """
+    out = [i for i in layer_ids if not 0 <= i < num_target_layers]
+    if out:
+        raise ValueError(
+            f"{field} {out} out of range for a target with {num_target_layers} layers "
+            f"(valid: 0..{num_target_layers - 2})"
+        )
+    last = num_target_layers - 1
+    if last in layer_ids:
+        raise ValueError(
+            f"{field} includes {last}, the last layer of a {num_target_layers}-layer target; use 0..{last - 1}: "
+            f"its raw output is not exposed (HF hidden_states[{num_target_layers}] is taken after the final "
+            f"norm) and vLLM/SGLang cannot capture it (docs/spec.md section 1)"
+        )
 
 
 @dataclass
@@ -95,12 +123,7 @@ class DrafterConfig:
             if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
                 raise ValueError(f"drafter.target_layer_ids has duplicates: {self.target_layer_ids}")
             if self.num_target_layers is not None:
-                out = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
-                if out:
-                    raise ValueError(
-                        f"drafter.target_layer_ids {out} out of range for a target with "
-                        f"{self.num_target_layers} layers (valid: 0..{self.num_target_layers - 1})"
-                    )
+                check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
         if self.mask_token_id is not None and self.vocab_size is not None and not (
             0 <= self.mask_token_id < self.vocab_size
         ):

@@ -1,4 +1,4 @@
-"""The DFlash drafter network (spec section 1). No training code lives here.
+"""The DFlash drafter network (docs/spec.md section 1). No training code lives here.
 
 This file imports nothing from the ``dflash_train`` package on purpose: ``export``
 copies it verbatim into the serving folder as the modeling file, so the model that
