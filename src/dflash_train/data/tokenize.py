@@ -233,8 +233,10 @@ def _work(chunk: list[Record]) -> list[dict | tuple]:
 def _parallel(records: Iterable[Record], tokenizer, opts: TokenizeOptions, workers: int):
     """Chunks through a process pool, a bounded number in flight, yielded in input order.
 
-    Processes are spawned (not forked): the parent may hold CUDA, threads or a
-    tokenizer thread pool, none of which survive a fork safely.
+    Workers are forked where the platform can (as ``datasets.map(num_proc=...)`` does):
+    they inherit the tokenizer, start in milliseconds, and, unlike spawned ones, never
+    re-run the caller's script, which would fail in any script that builds data at
+    module level. They only run Python and the tokenizer, never torch or CUDA.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -244,7 +246,7 @@ def _parallel(records: Iterable[Record], tokenizer, opts: TokenizeOptions, worke
     if len(head) < 2:  # one chunk at most: starting processes would cost more than it saves
         yield from _serial([rec for chunk in head for rec in chunk], tokenizer, opts)
         return
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                              initargs=(tokenizer, opts)) as pool:
         pending = deque()
