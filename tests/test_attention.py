@@ -11,14 +11,17 @@ from dflash_train.models.attention import build_masks, dense_mask, full_block_ma
 from dflash_train.models.drafter import attend
 
 
-def brute_visible(anchors, keep, seq, block, q, k, window=None):
-    """Spec 2.5 written as plain Python conditions for one (query, key) pair."""
+def brute_visible(anchors, keep, seq, block, q, k, window=None, docs=None):
+    """Spec 2.5 written as plain Python conditions for one (query, key) pair;
+    ``docs`` (packed rows): each context token's conversation."""
     j, offset = divmod(q, block)
     if not keep[j]:
         return False
     anchor = anchors[j]
     if k < seq:
         if not k < anchor:
+            return False
+        if docs is not None and docs[k] != docs[anchor]:
             return False
         return window is None or k >= anchor + offset - (window - 1)
     kb = k - seq
@@ -51,6 +54,48 @@ def test_dense_mask_equals_brute_force(window):
              for q in range(q_len)]
         )
         assert torch.equal(mask[b, 0], expected)
+
+
+@pytest.mark.parametrize("window", [None, 3, 7])
+def test_packed_dense_mask_equals_brute_force(window):
+    """Packed rows: a block sees only context of its anchor's own conversation."""
+    from dflash_train.models.attention import document_layout
+
+    seq, block, num_blocks = 20, 4, 5
+    anchors, keep = random_layout(seq=seq, num_blocks=num_blocks, block=block, seed=3)
+    docs = torch.tensor([[0] * 6 + [1] * 9 + [2] * 5, [4] * 3 + [5] * 12 + [-1] * 5])
+    starts = document_layout(docs)[0].gather(1, anchors)
+    if window is None:
+        mod = full_block_mask_mod(anchors, keep, seq, block, starts)
+    else:
+        mod = sliding_block_mask_mod(anchors, keep, seq, block, window, starts)
+    q_len, kv_len = num_blocks * block, seq + num_blocks * block
+    mask = dense_mask(mod, 2, q_len, kv_len, "cpu")
+    for b in range(2):
+        args = anchors[b].tolist(), keep[b].tolist(), seq, block
+        expected = torch.tensor([[brute_visible(*args, q, k, window, docs[b].tolist()) for k in range(kv_len)]
+                                 for q in range(q_len)])
+        assert torch.equal(mask[b, 0], expected)
+    unpacked = dense_mask(full_block_mask_mod(anchors, keep, seq, block), 2, q_len, kv_len, "cpu")
+    if window is None:
+        assert not torch.equal(mask, unpacked)  # the layout does cross conversations
+
+
+def test_packed_flex_mask_equals_dense():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from dflash_train.models.attention import document_layout, flex_block_masks
+
+    seq, block, num_blocks = 128, 16, 8
+    anchors, keep = random_layout(rows=1, seq=seq, num_blocks=num_blocks, block=block, seed=4)
+    docs = torch.repeat_interleave(torch.arange(4), torch.tensor([40, 30, 50, 8])).unsqueeze(0)
+    starts = document_layout(docs)[0].gather(1, anchors)
+    mod = full_block_mask_mod(anchors, keep, seq, block, starts)
+    q_len, kv_len = num_blocks * block, seq + num_blocks * block
+    block_mask = flex_block_masks(("full_attention",), anchors, keep, seq, block, None, starts)["full_attention"]
+    q, k, v = (t.float() for t in _qkv(1, q_len, kv_len, seed=5, d=16))
+    visible = dense_mask(mod, 1, q_len, kv_len, "cpu")
+    torch.testing.assert_close(attend(q, k, v, block_mask, 0.25), attend(q, k, v, visible, 0.25),
+                               atol=2e-5, rtol=2e-5)
 
 
 def test_block_never_sees_its_anchor_context():

@@ -21,17 +21,25 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("window", [None, 48])
-def test_flex_forward_backward_equal_dense_on_cuda(window):
+def test_flex_forward_backward_equal_dense_on_cuda(window, packed):
     """The compiled flex BlockMask path equals the dense-mask path (itself checked
-    against a brute-force loop on CPU) in forward and backward."""
+    against a brute-force loop on CPU) in forward and backward; ``packed``: rows of
+    several conversations (each block sees only its own)."""
+    from dflash_train.models.attention import document_layout
+
     torch.manual_seed(0)
     rows, seq, blocks, block = 2, 512, 32, 16
     anchors = torch.stack([torch.randperm(seq - 1)[:blocks].sort().values for _ in range(rows)]).cuda()
     keep = torch.rand(rows, blocks, device="cuda") > 0.2
+    starts = None
+    if packed:
+        docs = torch.repeat_interleave(torch.arange(5), torch.tensor([100, 37, 200, 150, 25])).expand(rows, seq)
+        starts = document_layout(docs.cuda())[0].gather(1, anchors)
     types = ["sliding_attention" if window else "full_attention"]
-    flex = next(iter(build_masks("flex", types, anchors, keep, seq, block, window).values()))
-    dense = next(iter(build_masks("sdpa", types, anchors, keep, seq, block, window).values()))
+    flex = next(iter(build_masks("flex", types, anchors, keep, seq, block, window, starts).values()))
+    dense = next(iter(build_masks("sdpa", types, anchors, keep, seq, block, window, starts).values()))
     q = torch.randn(rows, 8, blocks * block, 64, device="cuda", requires_grad=True)
     k = torch.randn(rows, 2, seq + blocks * block, 64, device="cuda", requires_grad=True)
     v = torch.randn(rows, 2, seq + blocks * block, 64, device="cuda", requires_grad=True)

@@ -17,13 +17,13 @@ from .batching import BatchIterator, BatchPlan, MicroBatch
 from .cache import cache_key, cached_build, default_cache_dir
 from .errors import DataError, SkipReport
 from .readers import read_records, resolve_files
-from .tokenize import TokenizeOptions, check_chat_template, tokenize_records
+from .tokenize import TokenizeOptions, check_chat_template, default_num_workers, tokenize_records
 
 if TYPE_CHECKING:
     import datasets
 
 __all__ = ["BatchIterator", "BatchPlan", "DataConfig", "DataError", "MicroBatch", "SkipReport",
-           "load_tokenized", "tokenize_options"]
+           "batch_plan", "load_tokenized", "tokenize_options"]
 
 
 @dataclass
@@ -43,6 +43,12 @@ class DataConfig:
     # Train on a fixed random subset of at most this many examples (data-size scaling runs);
     # the subset depends only on the data, so every rank and every size share one cache entry.
     max_examples: int | None = None
+    # Several conversations per row of exactly max_length tokens (no attention, feature or
+    # label crosses a conversation): less padding, one static shape.
+    pack: bool = False
+    # Processes that tokenize when the cache is built (null: min(8, CPU cores); 0 or 1: serial).
+    # The cached result does not depend on it.
+    num_workers: int | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -60,6 +66,11 @@ class DataConfig:
         me = self.max_examples
         if me is not None and (not isinstance(me, int) or isinstance(me, bool) or me < 1):
             raise ValueError(f"data.max_examples: expected a positive integer or null, got {me!r}")
+        if not isinstance(self.pack, bool):
+            raise ValueError(f"data.pack: expected true or false, got {self.pack!r}")
+        nw = self.num_workers
+        if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 0):
+            raise ValueError(f"data.num_workers: expected a non-negative integer or null, got {nw!r}")
         padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
         if self.token_budget < padded:
             raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "
@@ -85,7 +96,8 @@ def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[dataset
 
     def build(report: SkipReport):
         records = read_records([str(f) for f in files], report, cfg.strict)
-        return tokenize_records(records, tokenizer, opts, report, cfg.strict)
+        workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
+        return tokenize_records(records, tokenizer, opts, report, cfg.strict, workers)
 
     ds, report = cached_build(cache_dir, key, build)
     if len(ds) == 0:
@@ -93,6 +105,12 @@ def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[dataset
     if cfg.max_examples is not None and cfg.max_examples < len(ds):
         ds = subset(ds, cfg.max_examples)
     return ds, report
+
+
+def batch_plan(lengths: list[int], cfg: DataConfig, seed: int) -> BatchPlan:
+    """The micro-batch plan the ``data:`` section asks for (packed rows of max_length or not)."""
+    return BatchPlan(list(lengths), cfg.token_budget, seed, cfg.pad_to_multiple,
+                     pack_length=cfg.max_length if cfg.pack else None)
 
 
 def subset(ds: datasets.Dataset, n: int) -> datasets.Dataset:

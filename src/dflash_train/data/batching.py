@@ -12,10 +12,19 @@ into the next epoch (it is completed with the first micro-batches of the next ep
 list; each ``MicroBatch`` carries its own epoch), so every sample is seen exactly once per
 epoch. With ``drop_last=True`` the trailing partial global step is dropped and the next
 epoch starts at its first micro-batch.
+
+Packing (``pack_length``, ``data.pack``): instead of one conversation per row, rows of
+exactly ``pack_length`` tokens hold as many conversations as fit (best-fit
+decreasing inside each shuffled window), so the padding of short conversations is
+filled with other conversations while the shape stays static. A packed micro-batch
+is a list of rows, each a list of sample ids, and its ``MicroBatch.doc_ids`` names
+every token's conversation so that the target, the drafter's mask and the anchors
+keep conversations apart.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,8 +38,17 @@ class MicroBatch:
     input_ids: torch.LongTensor  # [rows, seq], right-padded with pad_id
     loss_mask: torch.LongTensor  # [rows, seq] 0/1
     attention_mask: torch.LongTensor  # [rows, seq] 1 on real tokens
-    sample_ids: torch.LongTensor  # [rows]
+    sample_ids: torch.LongTensor  # [rows] (packed rows: the row's first sample)
     epoch: int
+    # Packed micro-batches only: [rows, seq] the sample id of each token's conversation,
+    # -1 on padding. None: one conversation per row.
+    doc_ids: torch.LongTensor | None = None
+
+    def num_samples(self) -> int:
+        """Conversations in this micro-batch (a packed row holds several)."""
+        if self.doc_ids is None:
+            return int((self.sample_ids >= 0).sum())
+        return sum(int(row[row >= 0].unique().numel()) for row in self.doc_ids)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -43,16 +61,19 @@ class BatchPlan:
     Samples are shuffled per (seed, epoch), sorted by length inside windows of
     ``bucket_window`` samples (so batches are length-homogeneous yet differ between
     epochs), packed greedily under the token budget, and the batch order is shuffled.
+    With ``pack_length`` every row is that long and holds several samples (see the
+    module docstring).
     """
 
     def __init__(self, lengths: list[int], token_budget: int, seed: int, pad_to_multiple: int = 64,
                  max_rows: int | None = None, fixed_rows: bool = True, drop_last: bool = False,
-                 max_length: int | None = None, bucket_window: int = 2048):
+                 max_length: int | None = None, bucket_window: int = 2048, pack_length: int | None = None):
         self.lengths = np.asarray(list(lengths), dtype=np.int64)
         self.token_budget, self.seed, self.multiple = int(token_budget), int(seed), int(pad_to_multiple)
         self.max_rows, self.fixed_rows, self.drop_last = max_rows, fixed_rows, drop_last
         self.max_length = max_length
         self.bucket_window = bucket_window
+        self.pack_length = pack_length
         self._check()
         self._cache: dict[int, list[list[int]]] = {}
 
@@ -64,6 +85,14 @@ class BatchPlan:
         if self.max_rows is not None and self.max_rows < 1:
             raise ValueError("BatchPlan: max_rows must be >= 1")
         longest = int(self.lengths.max())
+        if self.pack_length is not None:
+            if longest > self.pack_length:
+                raise ValueError(f"packing: an example of {longest} tokens does not fit a row of "
+                                 f"{self.pack_length} (data.max_length)")
+            if self.rows_for(self.pack_length) < 1:
+                raise ValueError(f"token_budget {self.token_budget} is smaller than one packed row "
+                                 f"({self.pack_length} tokens)")
+            return
         if self.seq_len(longest) > self.token_budget:
             raise ValueError(f"token_budget {self.token_budget} is smaller than the longest example "
                              f"padded to a multiple of {self.multiple} ({self.seq_len(longest)})")
@@ -87,6 +116,8 @@ class BatchPlan:
     def _build(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.lengths))
+        if self.pack_length is not None:
+            return self._build_packed(order, rng)
         batches: list[list[int]] = []
         for start in range(0, len(order), self.bucket_window):
             window = order[start:start + self.bucket_window]
@@ -94,6 +125,32 @@ class BatchPlan:
             batches.extend(self._pack(window))
         perm = rng.permutation(len(batches))
         return [batches[i] for i in perm]
+
+    def _build_packed(self, order: np.ndarray, rng: np.random.Generator) -> list[list[list[int]]]:
+        """Packed rows per shuffled window, shuffled, then cut into micro-batches of rows."""
+        rows: list[list[int]] = []
+        for start in range(0, len(order), self.bucket_window):
+            rows.extend(self._fill_rows(order[start:start + self.bucket_window]))
+        rows = [rows[i] for i in rng.permutation(len(rows))]
+        per_batch = self.rows_for(self.pack_length)
+        return [rows[i:i + per_batch] for i in range(0, len(rows), per_batch)]
+
+    def _fill_rows(self, ids: np.ndarray) -> list[list[int]]:
+        """Best-fit decreasing: longest first, each into the row it fills most tightly."""
+        rows: list[list[int]] = []
+        free: list[tuple[int, int]] = []  # (tokens left, row), sorted
+        for idx in ids[np.argsort(-self.lengths[ids], kind="stable")].tolist():
+            need = int(self.lengths[idx])
+            at = bisect.bisect_left(free, (need, -1))
+            if at < len(free):
+                space, row = free.pop(at)
+            else:
+                space, row = self.pack_length, len(rows)
+                rows.append([])
+            rows[row].append(idx)
+            if space > need:
+                bisect.insort(free, (space - need, row))
+        return rows
 
     def _pack(self, sorted_ids: np.ndarray) -> list[list[int]]:
         out, cur, longest = [], [], 0
@@ -108,7 +165,9 @@ class BatchPlan:
             out.append(cur)
         return out
 
-    def shape(self, batch: list[int]) -> tuple[int, int]:
+    def shape(self, batch: list) -> tuple[int, int]:
+        if self.pack_length is not None:
+            return (self.rows_for(self.pack_length) if self.fixed_rows else len(batch)), self.pack_length
         seq = self.seq_len(int(self.lengths[batch].max()))
         return (self.rows_for(seq) if self.fixed_rows else len(batch)), seq
 
@@ -161,7 +220,9 @@ class BatchIterator:
         mine = taken[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
         return [self.collate(ids, epoch) for epoch, ids in mine]
 
-    def collate(self, ids: list[int], epoch: int) -> MicroBatch:
+    def collate(self, ids: list, epoch: int) -> MicroBatch:
+        if self.plan.pack_length is not None:
+            return self.collate_packed(ids, epoch)
         rows, seq = self.plan.shape(ids)
         input_ids = torch.full((rows, seq), self.pad_id, dtype=torch.long)
         loss_mask = torch.zeros((rows, seq), dtype=torch.long)
@@ -174,6 +235,29 @@ class BatchIterator:
             attention[r, :n] = 1
             sample_ids[r] = idx
         return MicroBatch(input_ids, loss_mask, attention, sample_ids, epoch)
+
+    def collate_packed(self, packed_rows: list[list[int]], epoch: int) -> MicroBatch:
+        """Concatenate each row's conversations; ``doc_ids`` records which token is whose."""
+        rows, seq = self.plan.shape(packed_rows)
+        input_ids = torch.full((rows, seq), self.pad_id, dtype=torch.long)
+        loss_mask = torch.zeros((rows, seq), dtype=torch.long)
+        attention = torch.zeros((rows, seq), dtype=torch.long)
+        doc_ids = torch.full((rows, seq), -1, dtype=torch.long)
+        sample_ids = torch.full((rows,), -1, dtype=torch.long)
+        flat = [idx for row in packed_rows for idx in row]
+        data = iter(_rows(self.dataset, flat))
+        for r, row in enumerate(packed_rows):
+            at = 0
+            for idx in row:
+                item = next(data)
+                n = len(item["input_ids"])
+                input_ids[r, at:at + n] = torch.as_tensor(item["input_ids"], dtype=torch.long)
+                loss_mask[r, at:at + n] = torch.as_tensor(item["loss_mask"], dtype=torch.long)
+                doc_ids[r, at:at + n] = idx
+                at += n
+            attention[r, :at] = 1
+            sample_ids[r] = row[0]
+        return MicroBatch(input_ids, loss_mask, attention, sample_ids, epoch, doc_ids)
 
     def state_dict(self) -> dict:
         """Plain ints: the epoch and micro-batch cursor inside it, and the global steps done."""

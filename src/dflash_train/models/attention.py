@@ -9,6 +9,11 @@ positions; keys are ``[context 0..s-1 ; all blocks]``. Block ``j`` (anchor ``a_j
 * invalid (padding) blocks see nothing; their rows output zeros.
 * sliding layers additionally need ``k >= pos(q) - (W - 1)`` for context keys and
   are causal inside the block.
+* packed rows (several conversations per row, ``data.pack``): a context key must
+  also belong to the anchor's conversation, i.e. ``k >= start_j``, the first row
+  index of that conversation. Conversations are contiguous, so one lower bound per
+  block replaces a per-key document lookup and keeps the mask block-sparse.
+  ``starts=None`` (unpacked rows) is ``start_j = 0``.
 
 The same ``mask_mod`` feeds both backends: evaluated on broadcast index tensors it
 gives the dense bool mask of the CPU/SDPA path; inside partial tiles of the
@@ -29,13 +34,36 @@ from dflash_train.models.config import FULL_ATTENTION, SLIDING_ATTENTION
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def full_block_mask_mod(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int) -> MaskMod:
-    """mask_mod for full-attention layers. ``anchors``/``keep``: [b, num_blocks]."""
+def document_layout(doc_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(starts, positions)`` of packed rows, both [b, s] like ``doc_ids``.
+
+    ``doc_ids`` names each token's conversation (any id; padding is its own run);
+    conversations are contiguous runs. ``starts[b, t]`` is the row index where t's run
+    begins and ``positions = t - starts``: token positions restart at 0 in every
+    conversation, exactly as if it had a row of its own.
+    """
+    seq = doc_ids.shape[-1]
+    index = torch.arange(seq, device=doc_ids.device).expand_as(doc_ids)
+    new = torch.ones_like(doc_ids, dtype=torch.bool)
+    new[..., 1:] = doc_ids[..., 1:] != doc_ids[..., :-1]
+    starts = torch.where(new, index, torch.zeros_like(index)).cummax(dim=-1).values
+    return starts, index - starts
+
+
+def _context_visible(kv_idx, anchor, start):
+    """Context key ``kv_idx`` is strictly before the anchor, inside the anchor's conversation."""
+    visible = kv_idx < anchor  # implies kv_idx < context_len, since anchor < context_len
+    return visible if start is None else visible & (kv_idx >= start)
+
+
+def full_block_mask_mod(anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int,
+                        starts: torch.Tensor | None = None) -> MaskMod:
+    """mask_mod for full-attention layers. ``anchors``/``keep``/``starts``: [b, num_blocks]."""
 
     def dflash_full(b, h, q_idx, kv_idx):
         block = q_idx // block_size
         anchor = anchors[b, block]
-        sees_context = kv_idx < anchor  # implies kv_idx < context_len, since anchor < context_len
+        sees_context = _context_visible(kv_idx, anchor, None if starts is None else starts[b, block])
         own_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
         return keep[b, block] & (sees_context | own_block)
 
@@ -43,7 +71,8 @@ def full_block_mask_mod(anchors: torch.Tensor, keep: torch.Tensor, context_len: 
 
 
 def sliding_block_mask_mod(
-    anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, window: int
+    anchors: torch.Tensor, keep: torch.Tensor, context_len: int, block_size: int, window: int,
+    starts: torch.Tensor | None = None,
 ) -> MaskMod:
     """mask_mod for sliding-window layers: context within ``window`` of the query's
     real position, causal inside the block (how serving engines run such layers)."""
@@ -53,7 +82,8 @@ def sliding_block_mask_mod(
         offset = q_idx % block_size
         anchor = anchors[b, block]
         position = anchor + offset
-        sees_context = (kv_idx < anchor) & (kv_idx > position - window)
+        start = None if starts is None else starts[b, block]
+        sees_context = _context_visible(kv_idx, anchor, start) & (kv_idx > position - window)
         in_block = kv_idx - context_len
         own_block = (kv_idx >= context_len) & (in_block // block_size == block) & (in_block % block_size <= offset)
         return keep[b, block] & (sees_context | own_block)
@@ -62,15 +92,17 @@ def sliding_block_mask_mod(
 
 
 def mask_mods(
-    layer_types: list[str], anchors, keep, context_len: int, block_size: int, sliding_window: int | None
+    layer_types: list[str], anchors, keep, context_len: int, block_size: int, sliding_window: int | None,
+    starts=None,
 ) -> dict[str, MaskMod]:
-    """One mask_mod per layer type present in the drafter."""
+    """One mask_mod per layer type present in the drafter (``starts``: packed rows, else None)."""
     mods: dict[str, MaskMod] = {}
     if FULL_ATTENTION in layer_types:
-        mods[FULL_ATTENTION] = full_block_mask_mod(anchors, keep, context_len, block_size)
+        mods[FULL_ATTENTION] = full_block_mask_mod(anchors, keep, context_len, block_size, starts)
     if SLIDING_ATTENTION in layer_types:
         assert sliding_window is not None
-        mods[SLIDING_ATTENTION] = sliding_block_mask_mod(anchors, keep, context_len, block_size, sliding_window)
+        mods[SLIDING_ATTENTION] = sliding_block_mask_mod(anchors, keep, context_len, block_size, sliding_window,
+                                                         starts)
     return mods
 
 
@@ -84,13 +116,14 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device) -
 
 
 def flex_block_masks(
-    layer_types: tuple[str, ...], anchors, keep, context_len: int, block_size: int, sliding_window: int | None
+    layer_types: tuple[str, ...], anchors, keep, context_len: int, block_size: int, sliding_window: int | None,
+    starts=None,
 ) -> dict[str, object]:
     """Block-sparse flex BlockMasks (``H=None``: shared by all heads), one per layer type,
     computed from the anchors' intervals (``block_mask.py``): no dense mask, no compile."""
-    mods = mask_mods(list(layer_types), anchors, keep, context_len, block_size, sliding_window)
+    mods = mask_mods(list(layer_types), anchors, keep, context_len, block_size, sliding_window, starts)
     return {name: dflash_block_mask(mod, anchors, keep, context_len, block_size,
-                                    sliding_window if name == SLIDING_ATTENTION else None)
+                                    sliding_window if name == SLIDING_ATTENTION else None, starts)
             for name, mod in mods.items()}
 
 
@@ -102,17 +135,19 @@ def build_masks(
     context_len: int,
     block_size: int,
     sliding_window: int | None = None,
+    starts: torch.Tensor | None = None,
 ) -> dict[str, object]:
     """Build each layer type's mask once per batch, outside the layers.
 
     ``backend`` is ``"sdpa"`` (dense bool masks) or ``"flex"`` (block-sparse BlockMask).
+    ``starts`` [b, num_blocks]: where each block's conversation begins in a packed row.
     """
     batch, num_blocks = anchors.shape
     q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
     if backend == "sdpa":
-        mods = mask_mods(layer_types, anchors, keep, context_len, block_size, sliding_window)
+        mods = mask_mods(layer_types, anchors, keep, context_len, block_size, sliding_window, starts)
         return {name: dense_mask(mod, batch, q_len, kv_len, anchors.device) for name, mod in mods.items()}
     if backend == "flex":
         types = tuple(sorted(set(layer_types)))
-        return flex_block_masks(types, anchors, keep, context_len, block_size, sliding_window)
+        return flex_block_masks(types, anchors, keep, context_len, block_size, sliding_window, starts)
     raise ValueError(f"unknown attention backend {backend!r}; use 'sdpa' or 'flex'")

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dflash_train.models.attention import document_layout
 from dflash_train.models.config import TargetFacts
 
 
@@ -151,15 +152,42 @@ class Target(nn.Module):
                 handle.remove()
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: list[int]) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: list[int],
+                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[b, s, n*h]: the raw outputs of ``layer_ids`` concatenated on the last axis.
 
         Runs only up to the deepest needed layer (the final norm then sees a
-        mid-network state, but nobody reads it).
+        mid-network state, but nobody reads it). ``doc_ids`` [b, s] (packed rows: each
+        token's conversation) makes every conversation see only itself, at positions
+        restarting from 0, so its features equal those of a row of its own.
         """
+        kwargs = {"attention_mask": attention_mask}
+        if doc_ids is not None:
+            kwargs = self.packed_inputs(doc_ids)
         with self._capture(layer_ids, truncate=True) as captured:
-            self._layer_owner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            self._layer_owner(input_ids=input_ids, use_cache=False, **kwargs)
         return torch.cat([captured[i] for i in layer_ids], dim=-1)
+
+    def packed_inputs(self, doc_ids: torch.Tensor) -> dict:
+        """``position_ids`` and attention mask of packed rows: block-diagonal causal.
+
+        SDPA and eager take a ready 4D mask as it is (bool for SDPA; eager adds it to
+        the scores, so there it is additive). Other attention implementations (flash,
+        flex) get no mask: transformers detects packed rows from ``position_ids`` that
+        restart at 0 and keeps each sequence to itself.
+        """
+        _, positions = document_layout(doc_ids)
+        impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        if impl not in ("sdpa", "eager"):
+            return {"position_ids": positions, "attention_mask": None}
+        seq = doc_ids.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=doc_ids.device).tril()
+        allowed = (doc_ids[:, None, :, None] == doc_ids[:, None, None, :]) & causal
+        if impl == "eager":
+            dtype = self.lm_head_weight.dtype
+            allowed = torch.zeros(allowed.shape, dtype=dtype, device=doc_ids.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min)
+        return {"position_ids": positions, "attention_mask": allowed}
 
     @torch.no_grad()
     def forward_with_features(self, layer_ids: list[int], **kwargs):

@@ -25,8 +25,10 @@ class ObjectiveOptions:
     loss_chunk_size: int = 4096
 
 
-def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions) -> Blocks:
-    return build_blocks(input_ids, loss_mask, anchors, keep, opts.block_size, opts.mask_token_id, opts.gamma)
+def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions, doc_ids=None) -> Blocks:
+    """``doc_ids``: packed micro-batches' per-token conversation ids (None: one per row)."""
+    return build_blocks(input_ids, loss_mask, anchors, keep, opts.block_size, opts.mask_token_id, opts.gamma,
+                        doc_ids)
 
 
 def drafter_loss(
@@ -44,11 +46,14 @@ def drafter_loss(
     """
     rows, seq = features.shape[:2]
     masks = build_masks(
-        opts.attention, drafter.layer_types, blocks.anchors, blocks.keep, seq, opts.block_size, drafter.sliding_window
+        opts.attention, drafter.layer_types, blocks.anchors, blocks.keep, seq, opts.block_size, drafter.sliding_window,
+        blocks.starts,
     )
     with torch.no_grad():
         block_embeds = embed(blocks.tokens)
-    context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
+    context_positions = blocks.context_positions
+    if context_positions is None:
+        context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     return dflash_loss(
         hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size

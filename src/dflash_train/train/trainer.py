@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dflash_train.config import JobConfig
-from dflash_train.data import BatchIterator, BatchPlan, MicroBatch, load_tokenized
+from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -141,9 +141,7 @@ class Trainer:
         self.dataset, self.data_report = load_tokenized(cfg.data, tokenizer, self.drafter_cfg.block_size)
         if self.ranks.is_main:
             self.echo(self.data_report.format())
-        self.plan = BatchPlan(
-            list(self.dataset["length"]), cfg.data.token_budget, cfg.train.seed, cfg.data.pad_to_multiple
-        )
+        self.plan = batch_plan(self.dataset["length"], cfg.data, cfg.train.seed)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.batches = BatchIterator(
             self.dataset, self.plan, pad_id=pad_id, rank=self.ranks.rank, world_size=self.ranks.world,
@@ -159,19 +157,21 @@ class Trainer:
     def anchors_for(self, mb: MicroBatch):
         t = self.cfg.train
         if t.anchors == "uniform":
-            return uniform_anchors(mb.loss_mask, t.num_anchors, self.opts.block_size)
-        return sample_batch_anchors(mb.loss_mask, mb.sample_ids, t.num_anchors, t.seed, mb.epoch)
+            return uniform_anchors(mb.loss_mask, t.num_anchors, self.opts.block_size, mb.doc_ids)
+        return sample_batch_anchors(mb.loss_mask, mb.sample_ids, t.num_anchors, t.seed, mb.epoch, mb.doc_ids)
 
     def prepare(self, mb: MicroBatch):
         """CPU anchors -> device blocks for one micro-batch."""
         anchors, keep = self.anchors_for(mb)
         to = {"device": self.device, "non_blocking": True}
         input_ids, loss_mask = mb.input_ids.to(**to), mb.loss_mask.to(**to)
-        blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts)
+        doc_ids = None if mb.doc_ids is None else mb.doc_ids.to(**to)
+        blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts, doc_ids)
         return input_ids, mb.attention_mask.to(**to), blocks
 
     def local_features(self, micro_batch: MicroBatch, input_ids, attention_mask) -> torch.Tensor:
-        return self.target.features(input_ids, attention_mask, self.drafter_cfg.target_layer_ids)
+        doc_ids = None if micro_batch.doc_ids is None else micro_batch.doc_ids.to(input_ids.device)
+        return self.target.features(input_ids, attention_mask, self.drafter_cfg.target_layer_ids, doc_ids)
 
     def global_weight(self, prepared) -> torch.Tensor:
         total = sum(blocks.weights.sum() for _, _, blocks in prepared)
@@ -275,7 +275,7 @@ class Trainer:
     def _count(self, micro_batches: list[MicroBatch]) -> int:
         """Advance the step and the consumed-data counters; this rank's real (unpadded) tokens."""
         self.counters.step += 1
-        samples = sum(int((mb.sample_ids >= 0).sum()) for mb in micro_batches)
+        samples = sum(mb.num_samples() for mb in micro_batches)
         tokens = sum(int(mb.attention_mask.sum()) for mb in micro_batches)
         self.counters.samples += samples * self.ranks.world
         self.counters.tokens += tokens * self.ranks.world
