@@ -223,6 +223,23 @@ def test_missing_data_or_resume_path_is_reported_before_the_target_loads(tmp_pat
     missing_resume = job(tmp_path, max_steps=2, resume=str(tmp_path / "no-such-checkpoint"))
     with pytest.raises(FileNotFoundError, match="no-such-checkpoint"):
         train(config_from_dict(missing_resume), echo=quiet)
+    missing_prompts = {**cfg, "eval": {"prompts": str(tmp_path / "no-prompts.txt")}}
+    with pytest.raises(FileNotFoundError, match="no-prompts.txt"):
+        train(config_from_dict(missing_prompts), echo=quiet)
+    (tmp_path / "a-file").write_text("")
+    unwritable = job(tmp_path, max_steps=2, run_dir=str(tmp_path / "a-file" / "run"))
+    with pytest.raises(ValueError, match=r"train\.run_dir .*a-file/run: cannot write there"):
+        train(config_from_dict(unwritable), echo=quiet)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="train.device=cuda: CUDA is not available"):
+            train(config_from_dict(job(tmp_path, max_steps=2, device="cuda")), echo=quiet)
+
+
+def test_a_broken_config_file_is_one_line(tmp_path):
+    broken = tmp_path / "job.yaml"
+    broken.write_text("train: {max_steps: [1\n")
+    with pytest.raises(ValueError, match=r"config .*job\.yaml: cannot read it: .*line 1"):
+        load_config(str(broken))
 
 
 # -- 4. a resumed run's metrics read as one run ---------------------------------------------

@@ -241,8 +241,14 @@ def read_config_file(path_or_recipe: str) -> dict[str, Any]:
     """A YAML/JSON file, or the name of a packaged recipe (see ``recipe_names()``)."""
     path = Path(path_or_recipe)
     if path.exists():
-        text = path.read_text()
-        return (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+            raise ValueError(f"config {path}: cannot read it: {' '.join(str(err).split())}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config {path}: expected sections (target, drafter, ...), got {type(data).__name__}")
+        return data
     if path_or_recipe in recipe_names():
         text = (resources.files("dflash_train") / "recipes" / f"{path_or_recipe}.yaml").read_text()
         return yaml.safe_load(text) or {}

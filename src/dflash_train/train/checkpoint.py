@@ -187,13 +187,21 @@ def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None 
         _write_json(tmp / CHECKSUMS, file_checksums(tmp))
         (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
         written = _written(trainer)
-        if final.exists() and final.name in written:
-            shutil.rmtree(final)  # this run's own save of the same step (a stop right after a periodic save)
-        elif final.exists():  # another history's step N (a resume from an older checkpoint): keep it aside
-            aside = final.with_name(f"{final.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
-            final.rename(aside)
-            trainer.echo(f"checkpoint {final} was not written by this run: moved to {aside.name}")
-        tmp.rename(final)
+        ours = final.name in written or trainer.counters.step <= getattr(trainer, "resumed_step", 0)
+        if final.exists() and ours:
+            # this run's own step N (a stop right after a periodic save, a finished run resumed):
+            # replaced, renamed away before the new one is renamed in, so one is always complete
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            if final.exists():  # another history's step N (a resume from an older checkpoint): kept aside
+                aside = final.with_name(f"{final.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
+                final.rename(aside)
+                trainer.echo(f"checkpoint {final} was not written by this run: moved to {aside.name}")
+            tmp.rename(final)
         written.add(final.name)
         prune(trainer, run_dir, keep_last or trainer.cfg.train.keep_last)
     _barrier(group)

@@ -7,6 +7,7 @@ wrapped model; everything else is the same in one process and in many.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from dflash_train.train.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from dflash_train.train.trainer import RankInfo, Trainer
+from dflash_train.train.trainer import RankInfo, Trainer, resolve_device
 
 
 class Every:
@@ -49,11 +50,25 @@ def write_run_config(trainer: Trainer) -> None:
 
 
 def preflight(cfg: JobConfig, echo=print) -> Path | None:
-    """What can be checked before the (slow) target load: the data paths exist, the run
-    folder is not another run's, the checkpoint to resume exists and verifies. Returns it."""
+    """What can be checked before the (slow) target load: the device exists, the data paths
+    and eval prompts exist, the run folder is writable and not another run's, the checkpoint
+    to resume exists and verifies. Returns that checkpoint."""
+    resolve_device(cfg.train.device)
     resolve_files(cfg.data.paths)
-    check_run_folder(Path(cfg.train.run_dir), cfg.train.resume)
-    return resolve_resume(cfg.train.resume, Path(cfg.train.run_dir), echo)
+    if cfg.eval.prompts and cfg.eval.prompts != "heldout":
+        from dflash_train.eval.prompts import read_prompts
+
+        read_prompts(cfg.eval.prompts, limit=cfg.eval.num_prompts)
+    run_dir = Path(cfg.train.run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"train.run_dir {run_dir}: cannot write there ({err.strerror})") from None
+    check_run_folder(run_dir, cfg.train.resume)
+    return resolve_resume(cfg.train.resume, run_dir, echo)
 
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None, echo=print,

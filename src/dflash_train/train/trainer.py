@@ -36,7 +36,11 @@ from dflash_train.train.parallelize import parallelize_drafter
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name}: CUDA is not available here (torch {torch.__version__}); "
+                         f"use train.device=cpu or auto")
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -242,7 +246,7 @@ class Trainer:
         self.last_step_ok = ok
         bad = ~ok
         first = bad & (self._bad[0] == 0)
-        step = torch.tensor(float(self.counters.step + 1), device=self._bad.device)
+        step = self._bad.new_full((), float(self.counters.step + 1))  # a fill kernel: no host-to-device copy
         values = torch.stack([self._bad[0] + bad, step, step_loss.float(), grad_norm.float()])
         self._bad = torch.where(torch.stack([bad, first, first, first]), values, self._bad)
         if self.optimizer.defaults.get("fused"):
