@@ -64,7 +64,7 @@ def preflight(cfg: JobConfig, echo=print) -> Path | None:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"
         probe.write_text("")
-        probe.unlink()
+        probe.unlink(missing_ok=True)
     except OSError as err:
         raise ValueError(f"train.run_dir {run_dir}: cannot write there ({err.strerror})") from None
     check_run_folder(run_dir, cfg.train.resume)
