@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +23,12 @@ from dflash_train.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM2 = REPO / "assets" / "smollm2"
+
+# torch.distributed.checkpoint logs a DEBUG event per tensor per save/load to its "c10d-*"
+# loggers; under a failing test pytest would print hundreds of them. INFO hides them.
+for _name in list(logging.root.manager.loggerDict):
+    if _name.startswith("c10d-"):
+        logging.getLogger(_name).setLevel(logging.INFO)
 
 
 def tiny_target() -> Target:
@@ -200,7 +208,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
     shard = next((ckpt / "state").glob("*.safetensors"))
     intact = shard.read_bytes()
     shard.write_bytes(intact[:100])
-    with pytest.raises(ValueError, match="corrupt or incomplete: .*header") as err:
+    with pytest.raises(ValueError, match=r"corrupt or incomplete: state/.*has 100 bytes") as err:
         train(config_from_dict(job(tmp_path, max_steps=4, resume=str(ckpt))), target=tiny_target(),
               echo=lambda *a: None)
     assert "Traceback" not in str(err.value)
@@ -218,10 +226,14 @@ def test_time_budget_stops_and_completes_the_schedule(tmp_path):
     budget_s = 1.5
     cfg = config_from_dict(job(tmp_path, max_steps=100_000, time_budget_minutes=budget_s / 60))
     cfg.optim.min_lr_ratio = 0.1
-    summary = train(cfg, target=tiny_target(), echo=lambda *a: None)
+    # A fake clock: every reading is 0.125 s after the previous one, so each step is charged
+    # exactly 0.125 s (one reading before it, one after), whatever the machine's speed.
+    clock = itertools.count(0.0, 0.125).__next__
+    summary = train(cfg, target=tiny_target(), echo=lambda *a: None, clock=clock)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
-    assert 1 < summary["steps"] < 100_000 and summary["stopped_early"] is False
+    # the first (compiling) step is free, then 12 steps of 0.125 s spend the 1.5 s
+    assert summary["steps"] == 13 and summary["stopped_early"] is False
     assert rows[-1]["step"] == summary["steps"]  # the last partial window is logged too
     lrs = [r["lr"] for r in rows]
     peak = cfg.optim.lr

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from torch import device as torch_device
 
 from dflash_train.data import DataConfig
 from dflash_train.models.config import DrafterConfig
@@ -54,6 +55,10 @@ class OptimConfig:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.grad_clip < 0:
             raise ValueError(f"optim.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+        betas = self.betas
+        if (not isinstance(betas, tuple | list) or len(betas) != 2
+                or not all(isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), e.g. [0.9, 0.95], got {betas!r}")
 
 
 @dataclass
@@ -83,6 +88,9 @@ class TrainConfig:
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes
     keep_last: int = 2
+    # Steps whose loss or gradient norm is not finite: their optimizer update is skipped on the
+    # device; more than this many in a run stop it with an error naming the first (0: the first stops it).
+    max_bad_steps: int = 0
     resume: str | None = None  # a checkpoint folder, or "auto" for the newest in run_dir
     init_from: str | None = None  # a DFlash serving folder to warm-start the drafter
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
@@ -96,6 +104,14 @@ class TrainConfig:
         for name in ("grad_accum", "num_anchors", "log_every", "loss_chunk_size", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("save_every_steps", "save_every_minutes", "max_bad_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.device != "auto":
+            try:
+                torch_device(self.device)
+            except RuntimeError:
+                raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}") from None
         if self.time_budget_minutes < 0:
             raise ValueError(f"train.time_budget_minutes must be >= 0 (0: no budget), got {self.time_budget_minutes}")
         if self.anchors not in ("random", "uniform"):
@@ -120,6 +136,13 @@ class EvalConfig:
     max_new_tokens: int = 64
     at_start: bool = True
 
+    def validate(self) -> None:
+        if self.every < 0 or self.every_minutes < 0:
+            raise ValueError("eval.every and eval.every_minutes must be >= 0 (0: off)")
+        for name in ("num_prompts", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"eval.{name} must be >= 1, got {getattr(self, name)}")
+
 
 @dataclass
 class JobConfig:
@@ -142,8 +165,7 @@ class JobConfig:
             )
         if self.train.attention == "flex" and self.train.device == "cpu":
             raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
-        if self.eval.every < 0 or self.eval.every_minutes < 0:
-            raise ValueError("eval.every and eval.every_minutes must be >= 0 (0: off)")
+        self.eval.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -161,8 +183,17 @@ def _build(cls, data: dict[str, Any], where: str):
     for name, value in data.items():
         if name == "betas" and isinstance(value, list):
             value = tuple(value)
+        _check_bool(value, str(known[name].type), f"{where}.{name}")
         kwargs[name] = _coerce_number(value, str(known[name].type), f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _check_bool(value: Any, annotation: str, key: str) -> None:
+    """A yes/no field takes true or false only: YAML reads ``maybe`` as text, which Python
+    would then treat as true."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    if "bool" in kinds and kinds <= {"bool", "None"} and value is not None and not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
 
 
 def _coerce_number(value: Any, annotation: str, key: str) -> Any:
@@ -211,8 +242,14 @@ def read_config_file(path_or_recipe: str) -> dict[str, Any]:
     """A YAML/JSON file, or the name of a packaged recipe (see ``recipe_names()``)."""
     path = Path(path_or_recipe)
     if path.exists():
-        text = path.read_text()
-        return (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        try:
+            text = path.read_text(encoding="utf-8")
+            data = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
+            raise ValueError(f"config {path}: cannot read it: {' '.join(str(err).split())}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config {path}: expected sections (target, drafter, ...), got {type(data).__name__}")
+        return data
     if path_or_recipe in recipe_names():
         text = (resources.files("dflash_train") / "recipes" / f"{path_or_recipe}.yaml").read_text()
         return yaml.safe_load(text) or {}

@@ -93,13 +93,26 @@ def cmd_regenerate(args) -> int:
     return 0
 
 
-def cmd_inspect(args) -> int:
+def load_tokenizer(path: str):
+    """A local tokenizer folder (nothing downloads: HF_HUB_OFFLINE); one clear line otherwise."""
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    if not Path(path).expanduser().exists():
+        raise FileNotFoundError(f"--tokenizer {path}: no such folder (a model or tokenizer folder)")
+    try:
+        return AutoTokenizer.from_pretrained(Path(path).expanduser())
+    except (OSError, ValueError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ValueError(f"--tokenizer {path}: cannot load a tokenizer from it ({first.strip()})") from None
+
+
+def cmd_inspect(args) -> int:
     from . import DataConfig, load_tokenized
     from .inspect import inspect_dataset
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer)
     cfg = DataConfig(paths=args.data, max_length=args.max_length, supervise=args.supervise,
                      keep_reasoning=not args.no_reasoning, min_supervised_tokens=args.min_supervised_tokens,
                      strict=args.strict, cache_dir=args.cache_dir, token_budget=max(8192, args.max_length))

@@ -116,7 +116,7 @@ def _jsonl_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[
                 yield location, json.loads(text)
             except json.JSONDecodeError as err:
                 report.read += 1
-                handle(DataError(location, "<line>", "malformed_json", err.msg), report, strict)
+                handle(DataError(location, "<line>", "malformed_json", str(err)), report, strict)
 
 
 def _json_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:

@@ -72,25 +72,34 @@ def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[list
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                         f"save the prompts file as UTF-8") from None
     out: list[list[dict]] = []
     if path.suffix == ".jsonl":
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from err
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({err})") from None
             out.append(record_prompt(record, f"{path}:{lineno}"))
             if limit and len(out) >= limit:
                 break
     elif path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: malformed JSON ({err})") from None
         records = data if isinstance(data, list) else [data]
         for n, record in enumerate(records[:limit] if limit else records, 1):
             out.append(record_prompt(record, f"{path}:{n}"))
     else:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in text.splitlines():
             if line.strip():
                 out.append([{"role": "user", "content": line.strip()}])
             if limit and len(out) >= limit:

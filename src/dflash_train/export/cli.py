@@ -117,6 +117,22 @@ def _target_path(ckpt: Path, run: Path | None) -> str | None:
             value = _read_json(folder / TARGET_NAME).get("path")
             if value:
                 return str(value)
+    return _trained_target(ckpt, run)
+
+
+def _trained_target(ckpt: Path, run: Path | None) -> str | None:
+    """The target a run trained against: ``target.path`` of its ``config.json`` (the job
+    config the trainer saves in the checkpoint and the run folder), when it still exists."""
+    for folder in (ckpt, run):
+        try:
+            target = json.loads((folder / "config.json").read_text()).get("target") if folder else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(target, dict) and isinstance(target.get("path"), str):
+            path = Path(target["path"]).expanduser()
+            path = path / target["gguf_file"] if isinstance(target.get("gguf_file"), str) else path
+            if path.exists():
+                return str(path)
     return None
 
 

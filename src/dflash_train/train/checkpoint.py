@@ -10,20 +10,33 @@ Layout of ``RUN/checkpoints/step-00000120/``::
     config.json             the resolved job config (JSON, never pickled)
     drafter_config.json     the resolved drafter config  } what ``export`` reads
     drafter.safetensors     the full drafter weights     }
+    checksums.json          sha256 and size of every file above
     COMPLETE                written last: a folder without it is never loaded
 
 The folder is written as ``step-N.tmp`` and renamed when complete, so a crash in the
 middle of a save leaves the previous checkpoint the newest loadable one. Loading
 uses the safetensors-based DCP reader and JSON: no pickle anywhere.
+
+Bytes can still rot after a save (a bad disk, a half-synced copy, a stray write): the
+checksums are verified before a checkpoint is used, so ``resume=auto`` falls back to the
+newest checkpoint that verifies (and says so) instead of training on garbage, and an
+explicit resume path that does not verify is an error.
+
+Pruning (``train.keep_last``) only ever deletes checkpoints of this run's own history:
+those it wrote, and those at or before the step it resumed from; never one of a later
+step, and never the one ``summary.json`` names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import shutil
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +52,14 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 COMPLETE = "COMPLETE"
+CHECKSUMS = "checksums.json"
 STEP_PREFIX = "step-"
+_STEP_NAME = re.compile(r"^step-(\d+)$")
 # Config fields that may change on resume without changing what is being trained.
 RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "train.save_every_steps",
                      "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
-                     "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile"}
+                     "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile",
+                     "train.max_bad_steps"}
 
 
 def _rank() -> int:
@@ -79,9 +95,13 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     folder = Path(run_dir) / "checkpoints"
     if not folder.exists():
         return []
-    found = [p for p in folder.iterdir() if p.name.startswith(STEP_PREFIX) and not p.name.endswith(".tmp")
-             and (p / COMPLETE).exists()]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in folder.iterdir() if _STEP_NAME.match(p.name) and (p / COMPLETE).exists()]
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path: Path) -> int:
+    match = _STEP_NAME.match(Path(path).name)
+    return int(match.group(1)) if match else -1
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -135,7 +155,10 @@ def _tupled(value):
 
 # -- save ------------------------------------------------------------------------------------
 def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None = None) -> Path:
-    """Save everything ``trainer`` needs to resume; every rank must call this."""
+    """Save everything ``trainer`` needs to resume; every rank must call this. A run whose
+    skipped non-finite steps exceed ``train.max_bad_steps`` raises here instead of saving."""
+    if hasattr(trainer, "check_bad_steps"):
+        trainer.check_bad_steps()
     run_dir = Path(run_dir or trainer.run_dir)
     final = checkpoint_dir(run_dir, trainer.counters.step)
     tmp = final.with_name(final.name + ".tmp")
@@ -161,39 +184,143 @@ def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None 
         _write_json(tmp / "config.json", trainer.cfg.to_dict())
         _write_json(tmp / "drafter_config.json", trainer.drafter_cfg.to_dict())
         save_file(weights, str(tmp / "drafter.safetensors"))
+        _write_json(tmp / CHECKSUMS, file_checksums(tmp))
         (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _prune(run_dir, keep_last or trainer.cfg.train.keep_last)
+        written = _written(trainer)
+        ours = final.name in written or trainer.counters.step <= getattr(trainer, "resumed_step", 0)
+        if final.exists() and ours:
+            # this run's own step N (a stop right after a periodic save, a finished run resumed):
+            # replaced, renamed away before the new one is renamed in, so one is always complete
+            old = final.with_name(final.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
+            tmp.rename(final)
+            shutil.rmtree(old)
+        else:
+            if final.exists():  # another history's step N (a resume from an older checkpoint): kept aside
+                aside = final.with_name(f"{final.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
+                final.rename(aside)
+                trainer.echo(f"checkpoint {final} was not written by this run: moved to {aside.name}")
+            tmp.rename(final)
+        written.add(final.name)
+        prune(trainer, run_dir, keep_last or trainer.cfg.train.keep_last)
     _barrier(group)
     return final
+
+
+def _written(trainer) -> set[str]:
+    """Names of the checkpoint folders this process saved (pruning may delete those)."""
+    if not hasattr(trainer, "checkpoints_written"):
+        trainer.checkpoints_written = set()
+    return trainer.checkpoints_written
+
+
+# -- integrity -------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_checksums(folder: Path) -> dict[str, dict]:
+    """``{relative path: {"sha256", "bytes"}}`` of every file under ``folder`` (except the
+    checksum file and the COMPLETE marker). hashlib releases the GIL on large buffers, so a
+    few threads hash the shards in parallel: the cost of a save stays about one read of it."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE))
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
+        digests = list(pool.map(_sha256, files))
+    return {str(p.relative_to(folder)): {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(files, digests)}
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when every file matches its recorded checksum, else what is wrong (one line).
+    A checkpoint from before checksums existed (no ``checksums.json``) passes unverified."""
+    path = Path(path)
+    if not (path / CHECKSUMS).exists():
+        return None
+    try:
+        expected = json.loads((path / CHECKSUMS).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return f"{CHECKSUMS} is unreadable ({err})"
+    for name, want in sorted(expected.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, {want['bytes']} were written"
+    actual = file_checksums(path)
+    for name, want in sorted(expected.items()):
+        if actual[name]["sha256"] != want["sha256"]:
+            return f"{name} does not match its sha256 checksum (its bytes changed after the save)"
+    return None
 
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def _prune(run_dir: Path, keep_last: int) -> None:
-    for old in complete_checkpoints(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune(trainer, run_dir: Path, keep_last: int) -> None:
+    """Keep the newest ``keep_last`` of this run's checkpoints (see the module docstring)."""
+    step, resumed = trainer.counters.step, getattr(trainer, "resumed_step", 0)
+    written = _written(trainer)
+    ours = [p for p in complete_checkpoints(run_dir)
+            if checkpoint_step(p) <= step and (p.name in written or checkpoint_step(p) <= resumed)]
+    protected = summary_checkpoint(run_dir)
+    for old in ours[:-keep_last]:
+        if protected is None or old.resolve() != protected:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def summary_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``summary.json`` names (never pruned), if any."""
+    try:
+        named = json.loads((Path(run_dir) / "summary.json").read_text()).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(named).resolve() if isinstance(named, str) else None
 
 
 # -- load ------------------------------------------------------------------------------------
-def resolve_resume(resume: str | None, run_dir: Path) -> Path | None:
-    """``auto`` -> newest complete checkpoint of the run (None on a fresh run)."""
+def check_run_folder(run_dir: Path, resume: str | None) -> None:
+    """A fresh run (no ``train.resume``) into a folder that holds checkpoints would mix two
+    runs' metrics and checkpoints: refused, with the two ways on."""
+    found = complete_checkpoints(run_dir)
+    if found and not resume:
+        raise ValueError(f"{run_dir} already holds checkpoints ({len(found)} under checkpoints/): continue it with "
+                         f"train.resume=auto, or start over with a new train.run_dir")
+
+
+def resolve_resume(resume: str | None, run_dir: Path, echo=print) -> Path | None:
+    """``auto`` -> newest complete checkpoint of the run whose checksums verify (None on a
+    fresh run); a corrupt newer one is skipped with a message. An explicit path (a checkpoint,
+    or a run folder: its newest) must verify."""
     if not resume:
         return None
     if resume == "auto":
-        return latest_checkpoint(run_dir)
+        candidates = complete_checkpoints(run_dir)
+        for candidate in reversed(candidates):
+            problem = verify_checkpoint(candidate)
+            if problem is None:
+                return candidate
+            echo(f"checkpoint {candidate} is corrupt ({problem}); falling back to the previous complete one")
+        if candidates:
+            raise ValueError(f"train.resume=auto: none of the {len(candidates)} checkpoints of {run_dir} verifies")
+        return None
     path = Path(resume)
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise FileNotFoundError(f"train.resume: checkpoint not found: {path}")
     if not (path / COMPLETE).exists():
         newest = latest_checkpoint(path)
         if newest is None:
             raise ValueError(f"{path} is not a complete checkpoint (no {COMPLETE} marker) and holds none")
-        return newest
+        path = newest
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise ValueError(f"checkpoint {path} is corrupt or incomplete: {problem}; resume from an older one "
+                         f"(train.resume=<its folder>) or with train.resume=auto (the newest that verifies)")
     return path
 
 
@@ -252,3 +379,4 @@ def load_checkpoint(trainer, path: Path) -> None:
     rng_file = path / "rng" / f"rank-{_rank()}.json"
     if rng_file.exists():
         set_rng_state(_read_json(rng_file))
+    trainer.resumed_step = trainer.counters.step  # pruning may delete this history's checkpoints up to here

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from dflash_train.config import JobConfig, load_config, recipe_names
@@ -26,11 +28,29 @@ def job_from_args(args) -> JobConfig:
     return load_config(args.config, overrides)
 
 
+def resume_command(args) -> str:
+    """The command line that continues this run: the same config and overrides, plus
+    ``train.resume=auto`` (run from the same folder when paths are relative)."""
+    kept = [o for o in args.overrides if not o.startswith("train.resume=")]
+    words = ["dflash-train", "train", *([args.config] if args.config else []), *kept, "train.resume=auto"]
+    return shlex.join(words)
+
+
 def run_train(args) -> int:
+    from dflash_train.train.checkpoint import latest_checkpoint
     from dflash_train.train.loop import train
 
     cfg = job_from_args(args)
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except KeyboardInterrupt:  # a second Ctrl-C: no save; say what is on disk
+        newest = latest_checkpoint(Path(cfg.train.run_dir))
+        where = f"the newest checkpoint is {newest}" if newest else "no checkpoint was saved"
+        print(f"dflash-train train: interrupted without saving; {where}"
+              + (f"; resume with: {resume_command(args)}" if newest else ""), file=sys.stderr)
+        raise
+    if result.get("stopped_early"):
+        print(f"dflash-train train: resume with: {resume_command(args)}")
     return 0 if result is not None else 1
 
 

@@ -7,12 +7,21 @@ wrapped model; everything else is the same in one process and in many.
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 from dflash_train.config import JobConfig
-from dflash_train.train.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from dflash_train.data.readers import resolve_files
+from dflash_train.train.checkpoint import (
+    check_run_folder,
+    load_checkpoint,
+    prune,
+    resolve_resume,
+    save_checkpoint,
+)
 from dflash_train.train.compilation import FirstStep
-from dflash_train.train.trainer import RankInfo, Trainer
+from dflash_train.train.trainer import RankInfo, Trainer, resolve_device
 
 
 class Every:
@@ -41,21 +50,46 @@ def write_run_config(trainer: Trainer) -> None:
     (trainer.run_dir / "config.json").write_text(json.dumps(resolved, indent=1))
 
 
-def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None, echo=print) -> dict:
+def preflight(cfg: JobConfig, echo=print) -> Path | None:
+    """What can be checked before the (slow) target load: the device exists, the data paths
+    and eval prompts exist, the run folder is writable and not another run's, the checkpoint
+    to resume exists and verifies. Returns that checkpoint."""
+    resolve_device(cfg.train.device)
+    resolve_files(cfg.data.paths)
+    if cfg.eval.prompts and cfg.eval.prompts != "heldout":
+        from dflash_train.eval.prompts import read_prompts
+
+        read_prompts(cfg.eval.prompts, limit=cfg.eval.num_prompts)
+    run_dir = Path(cfg.train.run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink(missing_ok=True)
+    except OSError as err:
+        raise ValueError(f"train.run_dir {run_dir}: cannot write there ({err.strerror})") from None
+    check_run_folder(run_dir, cfg.train.resume)
+    return resolve_resume(cfg.train.resume, run_dir, echo)
+
+
+def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None, echo=print,
+          clock=time.monotonic) -> dict:
     """Run one training job and return its summary (also written to ``summary.json``).
 
     ``wrap(trainer)`` lets the parallel layer wrap ``trainer.model`` (DDP, compile)
-    after the drafter exists and before any checkpoint is loaded.
+    after the drafter exists and before any checkpoint is loaded. ``clock`` times the
+    steps for ``train.time_budget_minutes`` (tests pass a fake one).
     """
-    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo)
+    is_main = ranks is None or ranks.is_main
+    resume = preflight(cfg, echo if is_main else (lambda *a, **k: None))
+    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock)
     if wrap is not None:
         wrap(trainer)
     write_run_config(trainer)
-    resume = resolve_resume(cfg.train.resume, trainer.run_dir)
     if resume is not None:
         load_checkpoint(trainer, resume)
         trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
-    trainer.open_logger()
+    earlier = trainer.open_logger().rewind(trainer.counters.step if resume is not None else -1)
     evaluator = make_evaluator(trainer)
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
@@ -75,13 +109,19 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
     started = time.perf_counter()
     result = trainer.run(on_step_end)
     final = save_checkpoint(trainer)
-    summary.update(_curve_summary(result["history"]))
+    summary.update(_curve_summary([r for r in earlier if "loss" in r] + result["history"]))
     summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
+    if trainer.counters.bad_steps:
+        summary["bad_steps"] = trainer.counters.bad_steps
     if evaluator is not None and not result["stopped_early"]:
         summary["tau_after"] = evaluator(trainer)
     trainer.logger.close()
     if trainer.ranks.is_main:
         (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
+    if result["stopped_early"]:
+        trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
+                     f"continue with the same config and train.resume=auto")
     return summary
 
 

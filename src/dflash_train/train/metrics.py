@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -25,13 +26,20 @@ class MetricWindow:
 
     def reset(self) -> None:
         self.loss_sum = None
+        self.good = None  # device count of steps with a finite loss (when the trainer says which)
         self.steps = 0
         self.stats: AcceptanceStats | None = None
         self.tokens = 0
         self.started = time.perf_counter()
 
-    def add_step(self, loss: torch.Tensor, stats: list[AcceptanceStats], context_tokens: int) -> None:
-        self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
+    def add_step(self, loss: torch.Tensor, stats: list[AcceptanceStats], context_tokens: int,
+                 good: torch.Tensor | None = None) -> None:
+        """``good`` (a device bool): False for a skipped non-finite step, left out of the mean loss."""
+        loss = loss.detach()
+        if good is not None:
+            loss = torch.where(good, loss, torch.zeros_like(loss))
+            self.good = good.float() if self.good is None else self.good + good.float()
+        self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
         self.steps += 1
         self.tokens += context_tokens
         for s in stats:
@@ -44,7 +52,9 @@ class MetricWindow:
     def summary(self) -> dict[str, float]:
         """Host values (one sync): loss, per-position accuracy, expected acceptance, tokens/s."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        out = {"loss": float(self.loss_sum) / max(self.steps, 1), "tokens_per_s": self.tokens / elapsed}
+        steps = self.steps if self.good is None else float(self.good)
+        loss = float(self.loss_sum) / steps if steps else math.nan
+        out = {"loss": loss, "tokens_per_s": self.tokens / elapsed}
         if self.stats is not None:
             valid = self.stats.valid_per_position.clamp(min=1)
             accuracy = (self.stats.correct_per_position / valid).tolist()
@@ -62,11 +72,40 @@ class MetricLogger:
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
         self.path = run_dir / "metrics.jsonl"
+        self.tensorboard_dir = run_dir / "tensorboard"
         self.writer = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+            self.writer = SummaryWriter(str(self.tensorboard_dir))
+
+    def rewind(self, step: int) -> list[dict]:
+        """Start logging after ``step`` (a resume; -1 for a fresh run) so the run reads as one:
+        ``metrics.jsonl`` keeps only its rows up to ``step`` (rewritten atomically: the steps
+        redone after the checkpoint are logged again, not twice), and TensorBoard hides events
+        after it (``purge_step``). Returns the rows kept (``summary.json``'s first loss is the
+        run's first). A line that is not JSON (torn by a kill) is dropped."""
+        if not self.enabled:
+            return []
+        kept, lines = [], []
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+                    kept.append(row)
+                    lines.append(line)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(line + "\n" for line in lines))
+            os.replace(tmp, self.path)
+        if self.writer is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer.close()
+            self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=step + 1)
+        return kept
 
     def log(self, step: int, record: dict, echo=print) -> None:
         if not self.enabled:

@@ -36,7 +36,11 @@ from dflash_train.train.parallelize import parallelize_drafter
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device={name}: CUDA is not available here (torch {torch.__version__}); "
+                         f"use train.device=cpu or auto")
+    return device
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -53,6 +57,7 @@ class Counters:
     samples: int = 0  # sequences consumed (all ranks)
     tokens: int = 0  # context tokens consumed (all ranks)
     train_seconds: float = 0.0  # wall time inside training steps (for train.time_budget_minutes)
+    bad_steps: int = 0  # steps skipped for a non-finite loss or gradient norm (train.max_bad_steps)
 
 
 @dataclass
@@ -66,11 +71,21 @@ class RankInfo:
         return self.rank == 0
 
 
-class Trainer:
-    """Builds target, drafter, data, optimizer from a ``JobConfig`` and trains."""
+class NonFiniteError(ValueError):
+    """More non-finite steps than ``train.max_bad_steps``: the run stops, unsaved."""
 
-    def __init__(self, cfg: JobConfig, target: Target | None = None, ranks: RankInfo | None = None, echo=print):
+
+class Trainer:
+    """Builds target, drafter, data, optimizer from a ``JobConfig`` and trains.
+
+    ``clock`` (seconds, monotonic) times the steps charged to ``train.time_budget_minutes``;
+    tests pass a fake one so time-dependent behaviour does not depend on the machine's speed.
+    """
+
+    def __init__(self, cfg: JobConfig, target: Target | None = None, ranks: RankInfo | None = None, echo=print,
+                 clock=time.monotonic):
         self.cfg = cfg
+        self.clock = clock
         self.ranks = ranks or RankInfo()
         self.echo = echo if self.ranks.is_main else (lambda *a, **k: None)
         self.device = resolve_device(cfg.train.device)
@@ -86,7 +101,10 @@ class Trainer:
         self.compiled = cfg.train.compile and self.device.type == "cuda"
         parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, compile=self.compiled)
         self._build_data()
-        self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim, fused=self.device.type == "cuda")
+        # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see _optimizer_step.
+        self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim,
+                                         fused=self.device.type in ("cuda", "cpu"))
+        self._bad = torch.zeros(4, device=self.device)  # non-finite steps: count, first step, its loss, norm
         self.counters = Counters()
         self.scheduler = self.build_scheduler()
         self.stop_requested = False
@@ -197,7 +215,7 @@ class Trainer:
             stats.append(acceptance_stats(out.correct, out.valid, blocks.keep))
         if self.ranks.world > 1:
             dist.all_reduce(step_loss, group=self.ranks.group)
-        grad_norm = self._optimizer_step()
+        grad_norm = self._optimizer_step(step_loss)
         return step_loss, stats, grad_norm
 
     def _no_sync(self, skip: bool):
@@ -205,14 +223,58 @@ class Trainer:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
-    def _optimizer_step(self) -> torch.Tensor:
+    def _optimizer_step(self, step_loss: torch.Tensor) -> torch.Tensor:
+        """Clip, then step, unless the loss or the gradient norm is not finite.
+
+        Deciding that on the host would cost a device synchronization every step (the
+        trainer has none: the loop syncs only at log lines). So the decision stays on the
+        device: the clip already reduces every gradient to one norm; ``ok`` is two more
+        scalar ops on it and the (already reduced, identical on every rank) loss. The fused
+        AdamW kernel takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
+        step leaves weights, moments and the step count untouched. The host reads the
+        counters in ``_bad`` at the next log line or save (``check_bad_steps``), where it
+        synchronizes anyway. The LR schedule advances on a skipped step (its data is consumed).
+        Without a fused optimizer (a device other than CUDA/CPU) the host decides, at the
+        price of a sync.
+        """
         clip = self.cfg.optim.grad_clip
         params = self.drafter.parameters()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        self.optimizer.step()
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; the whole norm (a device collective)
+            grad_norm = grad_norm.full_tensor()
+        ok = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
+        self.last_step_ok = ok
+        bad = ~ok
+        first = bad & (self._bad[0] == 0)
+        step = self._bad.new_full((), float(self.counters.step + 1))  # a fill kernel: no host-to-device copy
+        values = torch.stack([self._bad[0] + bad, step, step_loss.float(), grad_norm.float()])
+        self._bad = torch.where(torch.stack([bad, first, first, first]), values, self._bad)
+        if self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf = bad.float()
+            self.optimizer.step()
+        elif bool(ok):
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def check_bad_steps(self) -> None:
+        """Read the device's non-finite-step counters (call only where the host syncs anyway:
+        a log line, a save) and stop the run past ``train.max_bad_steps``."""
+        count, first, loss, norm = self._bad.tolist()
+        if count == 0:
+            return
+        self._bad.zero_()
+        self.counters.bad_steps += int(count)
+        allowed = self.cfg.train.max_bad_steps
+        what = f"non-finite loss or gradient norm at step {int(first)} (loss {loss}, grad norm {norm})"
+        if self.counters.bad_steps > allowed:
+            raise NonFiniteError(
+                f"{what}: {self.counters.bad_steps} bad step(s) in this run, train.max_bad_steps={allowed}; "
+                f"stopped without saving a checkpoint (the newest saved one is untouched). Lower optim.lr, "
+                f"check the data, or raise train.max_bad_steps to skip such steps")
+        self.echo(f"skipped {int(count)} step(s) with no optimizer update: {what} "
+                  f"({self.counters.bad_steps} of train.max_bad_steps={allowed} used)")
 
     # -- the clock (train.time_budget_minutes) -----------------------------------------------
     @property
@@ -243,13 +305,13 @@ class Trainer:
         first_step = True  # compilation / warm-up: not charged to the time budget
         with _stop_on_signals(self):
             while self.counters.step < self.total_steps and not self.stop_requested and not self.budget_spent():
-                started = time.monotonic()
+                started = self.clock()
                 micro_batches = self.batches.next_step()
                 loss, stats, grad_norm = self.train_step(micro_batches)
                 tokens = self._count(micro_batches)
-                self.advance_clock(0.0 if first_step else time.monotonic() - started)
+                self.advance_clock(0.0 if first_step else self.clock() - started)
                 first_step = False
-                window.add_step(loss, stats, tokens)
+                window.add_step(loss, stats, tokens, good=getattr(self, "last_step_ok", None))
                 if bar is not None:
                     bar.update(1)
                 last = self.counters.step == self.total_steps or self.stop_requested
@@ -257,6 +319,9 @@ class Trainer:
                     record = {**window.summary(), "lr": self.scheduler.get_last_lr()[0],
                               "grad_norm": float(grad_norm), "epoch": micro_batches[0].epoch}
                     record["tokens_per_s"] *= self.ranks.world
+                    self.check_bad_steps()  # the host has just synced for the record
+                    if self.counters.bad_steps:
+                        record["bad_steps"] = self.counters.bad_steps
                     history.append({"step": self.counters.step, **record})
                     logger.log(self.counters.step, record, echo=bar.write if bar is not None else self.echo)
                     window.reset()
