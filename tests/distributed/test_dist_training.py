@@ -202,3 +202,13 @@ def test_watchdog_names_the_hung_rank_and_prints_every_rank_stack(tmp_path, targ
         assert f"watchdog: rank {rank} " in text, text[-3000:]
     assert "made no progress" in text and "last phase: after step 3" in text
     assert "in hang_forever" in text  # the hung rank's stack, down to the sleeping frame
+
+
+def test_disaggregated_packed_rows_match_one_process(tmp_path):
+    """data.pack: the target ranks build the same packed plan and keep conversations apart in
+    their forward (per-conversation positions and mask), exactly as one process does."""
+    single = tmp_path / "single"
+    cfg = job(single, grad_accum=2, max_steps=4)
+    cfg["data"]["pack"] = True
+    train(config_from_dict(cfg), target=tiny_target(), echo=lambda *a: None)
+    run_matching(tmp_path / "two", losses(single / "run"), 2, "1", "1", "2", "4", "data.pack=true")

@@ -4,7 +4,7 @@ Topology (``--target-ranks N --drafter-ranks M``, N + M == WORLD_SIZE): ranks ``
 are drafters (so drafter rank r == global rank r: rank 0 logs and writes checkpoints, RNG
 files keep their names), ranks ``M..M+N-1`` are targets.
 
-Data: every rank builds the same ``BatchPlan``. A drafter walks its own ``BatchIterator``
+Data: every rank builds the same ``BatchPlan`` (packed rows or not). A drafter walks its own ``BatchIterator``
 (rank r of M) exactly as in colocated training; a target walks one global iterator
 (world 1, ``grad_accum * M`` micro-batches per step) whose step is the concatenation of
 the M drafters' shares. The k-th micro-batch a drafter d needs in this run (k counted
@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash_train.data import BatchIterator, BatchPlan, MicroBatch, load_tokenized
+from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
 from dflash_train.distributed import watchdog
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -217,7 +217,7 @@ class TargetServer:
         target.validate_layer_ids(self.drafter_cfg.target_layer_ids)
         dataset, _ = load_tokenized(cfg.data, target.tokenizer, self.drafter_cfg.block_size)
         tok = target.tokenizer
-        plan = BatchPlan(list(dataset["length"]), cfg.data.token_budget, cfg.train.seed, cfg.data.pad_to_multiple)
+        plan = batch_plan(dataset["length"], cfg.data, cfg.train.seed)  # the drafters' plan, packed or not
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         self.per_drafter = cfg.train.grad_accum
         self.batches = BatchIterator(dataset, plan, pad_id=pad_id, rank=0, world_size=1,
@@ -335,7 +335,8 @@ class TargetServer:
     def _compute(self, d: int, k: int, mb: MicroBatch):
         ids = mb.input_ids.to(self.device, non_blocking=True)
         attention = mb.attention_mask.to(self.device, non_blocking=True)
-        features = self.target.features(ids, attention, self.drafter_cfg.target_layer_ids)
+        docs = None if mb.doc_ids is None else mb.doc_ids.to(self.device, non_blocking=True)  # packed rows
+        features = self.target.features(ids, attention, self.drafter_cfg.target_layer_ids, docs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest forward time
         features = features.to(self.comm).contiguous()
