@@ -16,7 +16,18 @@ from dflash_train.train.optim import build_optimizer
 
 
 class DDP(DistributedDataParallel):
-    """DDP that forwards attribute reads (``layer_types``, ``sliding_window``...) to the drafter."""
+    """DDP that forwards attribute reads (``layer_types``, ``sliding_window``...) to the drafter.
+
+    Dynamo's DDP optimizer is turned off: it splits every compiled graph run under DDP at
+    gradient-bucket boundaries, so the drafter layer compiled into different graphs on N GPUs
+    than on one (a warm one-GPU cache was missed: the first 2-GPU step compiled for 20 s) and
+    into several pieces per layer. Each drafter layer is its own compiled graph already, so
+    gradients still reach DDP's buckets layer by layer, overlapping the backward.
+    """
+
+    def __init__(self, *args, **kwargs):
+        torch._dynamo.config.optimize_ddp = False
+        super().__init__(*args, **kwargs)
 
     def __getattr__(self, name):
         try:
