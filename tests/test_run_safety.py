@@ -116,13 +116,17 @@ def test_corrupt_explicit_resume_is_a_clear_error(tmp_path):
 
 def _nan_at_step(monkeypatch, bad_step: int):
     """The target's features turn NaN for one step (a bad batch, an overflow)."""
-    original = trainer_mod.Trainer.local_features
+    from dflash_train.train.features import LocalFeatures
+
+    original = LocalFeatures.features
+    calls = []  # one micro-batch per step in these jobs
 
     def features(self, micro_batch, input_ids, attention_mask):
+        calls.append(1)
         out = original(self, micro_batch, input_ids, attention_mask)
-        return out * math.nan if self.counters.step + 1 == bad_step else out
+        return out * math.nan if len(calls) == bad_step else out
 
-    monkeypatch.setattr(trainer_mod.Trainer, "local_features", features)
+    monkeypatch.setattr(LocalFeatures, "features", features)
 
 
 def test_non_finite_step_stops_the_run_and_is_never_saved(tmp_path, monkeypatch):
@@ -135,15 +139,17 @@ def test_non_finite_step_stops_the_run_and_is_never_saved(tmp_path, monkeypatch)
 def test_bad_steps_are_skipped_up_to_max_bad_steps(tmp_path, monkeypatch):
     _nan_at_step(monkeypatch, 3)
     seen = {}
-    original_step = trainer_mod.Trainer._optimizer_step
+    from dflash_train.train.step import TrainStep
 
-    def watched(self, step_loss):
+    original_step = TrainStep._optimizer_step
+
+    def watched(self, step_loss, step_number):
         before = [p.detach().clone() for p in self.drafter.parameters()]
-        out = original_step(self, step_loss)
-        seen[self.counters.step + 1] = all(torch.equal(a, p) for a, p in zip(before, self.drafter.parameters()))
+        out = original_step(self, step_loss, step_number)
+        seen[step_number] = all(torch.equal(a, p) for a, p in zip(before, self.drafter.parameters()))
         return out
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_optimizer_step", watched)
+    monkeypatch.setattr(TrainStep, "_optimizer_step", watched)
     said = []
     summary = run(job(tmp_path, max_steps=5, max_bad_steps=1), echo=lambda *a: said.append(" ".join(map(str, a))))
     assert summary["steps"] == 5 and summary["bad_steps"] == 1

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from dflash_train.distributed.common import Timings
+from dflash_train.train.timings import Timings
 
 
 def test_step_minus_local_phases_is_drafter_compute():

@@ -1,14 +1,12 @@
 """The training-step benchmark: N steps of one configuration on synthetic data.
 
-What is timed is what ``Trainer.train_step`` does for one micro-batch per step (the
-same functions, in the same order): anchors sampled on the CPU
-(``sample_batch_anchors``), host-to-device copies, ``make_blocks``, the weight total,
-``Target.features`` (no grad, outside autocast), ``drafter_loss`` under bf16 autocast,
-``backward``, ``acceptance_stats``, grad clipping, ``AdamW.step`` (fused on CUDA),
-the LR scheduler and ``zero_grad``. The Trainer itself is not constructed (it needs a
-dataset); if ``train_step`` changes, :func:`train_step` here must follow. The drafter is
-wrapped by the trainer's ``parallelize_drafter`` (activation checkpointing, then
-per-layer ``torch.compile``).
+What is timed is the trainer's own step (``train/step.py``'s ``TrainStep``, one micro-batch
+per step): anchors sampled on the CPU, host-to-device copies, blocks, the global weight,
+``Target.features``, ``drafter_loss`` under bf16 autocast, backward, acceptance statistics, grad
+clipping with the on-device non-finite check, fused ``AdamW.step``, the LR scheduler. Only the
+data differ: synthetic micro-batches instead of a tokenized set. The drafter is wrapped by the
+trainer's ``parallelize_drafter`` (activation checkpointing, per-layer ``torch.compile``, DDP
+under torchrun).
 
 Timing:
 
@@ -53,18 +51,21 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 
 from dflash_train.bench.flops import Shape, step_flops
 from dflash_train.config import OptimConfig
+from dflash_train.data.batching import MicroBatch
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.objective.blocks import default_gamma, sample_batch_anchors
-from dflash_train.objective.loss import acceptance_stats
-from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.objective.blocks import default_gamma
+from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train import compilation
 from dflash_train.train.optim import build_optimizer, build_scheduler
-from dflash_train.train.parallelize import parallelize_drafter
+from dflash_train.train.parallelize import DataParallel, parallelize_drafter
+from dflash_train.train.step import Anchors, TrainStep
+from dflash_train.train.trainer import RankInfo
 
 QWEN3_8B_CONFIG = dict(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -167,7 +168,8 @@ def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
     return Target.load(name, dtype, device)
 
 
-def build_drafter(target: Target, cfg: BenchConfig, device: torch.device):
+def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_parallel=None):
+    """(drafter, the module a step calls, its resolved config), wrapped as the trainer wraps it."""
     mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
     dcfg = resolve_drafter_config(
         DrafterConfig(num_hidden_layers=cfg.drafter_layers, block_size=cfg.block_size,
@@ -179,27 +181,13 @@ def build_drafter(target: Target, cfg: BenchConfig, device: torch.device):
     with torch.device(device):  # fp32 master weights, as the trainer
         drafter = DFlashDrafter(dcfg)
     drafter = drafter.to(device)
-    # the trainer's own wrapping: checkpoint-wrap each layer, then compile each wrapped layer
-    parallelize_drafter(drafter, cfg.checkpoint_drafter, compile=cfg.compile)
-    return drafter, dcfg
+    # the trainer's own wrapping: checkpoint-wrap each layer, compile each wrapped layer, DDP
+    model = parallelize_drafter(drafter, cfg.checkpoint_drafter, cfg.compile, data_parallel)
+    return drafter, model, dcfg
 
 
-# -- the step ------------------------------------------------------------------------------
-@dataclass
-class State:
-    cfg: BenchConfig
-    device: torch.device
-    dtype: torch.dtype
-    target: Target
-    drafter: DFlashDrafter
-    layer_ids: list[int]
-    opts: ObjectiveOptions
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    grad_clip: float
-
-
-def synthetic_batch(cfg: BenchConfig, vocab: int, step: int, rank: int = 0):
+# -- the step: the trainer's own (train/step.py), on synthetic micro-batches ----------------
+def synthetic_batch(cfg: BenchConfig, vocab: int, step: int, rank: int = 0) -> MicroBatch:
     """Random token ids filling seq_len; loss_mask 1 except the first prompt_len tokens."""
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1009 + rank)
     input_ids = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g)
@@ -207,42 +195,13 @@ def synthetic_batch(cfg: BenchConfig, vocab: int, step: int, rank: int = 0):
     loss_mask[:, : cfg.prompt_len] = 0
     attention_mask = torch.ones(cfg.batch_size, cfg.seq_len, dtype=torch.long)
     sample_ids = torch.arange(cfg.batch_size) + step * cfg.batch_size
-    return input_ids, loss_mask, attention_mask, sample_ids
+    return MicroBatch(input_ids, loss_mask, attention_mask, sample_ids, epoch=0)
 
 
 def _noop(_phase: str) -> None:
     pass
 
 
-def train_step(st: State, batch, mark=_noop):
-    """``Trainer.train_step`` for one micro-batch; ``mark(phase)`` ends each phase."""
-    input_ids, loss_mask, attention_mask, sample_ids = batch
-    anchors, keep = sample_batch_anchors(loss_mask, sample_ids, st.cfg.num_anchors, st.cfg.seed, 0)
-    to = {"device": st.device, "non_blocking": True}
-    ids_d, mask_d = input_ids.to(**to), loss_mask.to(**to)
-    blocks = make_blocks(ids_d, mask_d, anchors.to(**to), keep.to(**to), st.opts)
-    attn_d = attention_mask.to(**to)
-    total_weight = blocks.weights.sum().clamp(min=1e-6)
-    mark("prepare")
-    features = st.target.features(ids_d, attn_d, st.layer_ids)
-    mark("target_forward")
-    autocast = torch.autocast(st.device.type, dtype=st.dtype, enabled=st.dtype != torch.float32)
-    with autocast:
-        out = drafter_loss(st.drafter, st.target.embed_tokens, st.target.lm_head_weight, features, blocks, st.opts)
-        loss = out.weighted_ce / total_weight
-        mark("drafter_forward")
-        loss.backward()
-    mark("backward")
-    acceptance_stats(out.correct, out.valid, blocks.keep)
-    torch.nn.utils.clip_grad_norm_(st.drafter.parameters(), st.grad_clip)
-    st.optimizer.step()
-    st.scheduler.step()
-    st.optimizer.zero_grad(set_to_none=True)
-    mark("optimizer")
-    return loss.detach(), int(keep.sum())
-
-
-# -- measurements --------------------------------------------------------------------------
 def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, seconds: float = 0.5) -> float:
     """Achieved TFLOP/s of a square ``size``^3 matmul (the MFU denominator)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
@@ -345,24 +304,29 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         log(f"compile cache {cache}: {folder}")
     t0 = time.perf_counter()
     target = build_target(cfg.target_config, device, dtype)
-    drafter, dcfg = build_drafter(target, cfg, device)
-    if world > 1:  # the colocated trainer's data parallelism: one gradient all-reduce per step
-        from dflash_train.distributed.common import DDP
-
-        drafter = DDP(drafter, device_ids=[device.index] if device.type == "cuda" else None)
+    # the colocated trainer's data parallelism: one gradient all-reduce per step
+    parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
+    drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
     _sync(device)
     build_s = time.perf_counter() - t0
     log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
 
     optim_cfg = OptimConfig()
-    optimizer = build_optimizer(drafter.parameters(), optim_cfg, fused=device.type == "cuda")
+    optimizer = build_optimizer(drafter.parameters(), optim_cfg, fused=device.type in ("cuda", "cpu"))
     total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
     scheduler = build_scheduler(optimizer, optim_cfg, total_steps)
     opts = ObjectiveOptions(block_size=cfg.block_size, mask_token_id=dcfg.mask_token_id,
                             gamma=default_gamma(cfg.block_size), attention=cfg.attention,
                             loss_chunk_size=cfg.loss_chunk_size)
-    st = State(cfg, device, dtype, target, drafter, list(dcfg.target_layer_ids), opts, optimizer, scheduler,
-               optim_cfg.grad_clip)
+    ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
+    step = TrainStep(model, drafter, target, optimizer, scheduler, opts,
+                     Anchors("random", cfg.num_anchors, cfg.seed, cfg.block_size), optim_cfg.grad_clip,
+                     device, dtype, ranks)
+    layer_ids = list(dcfg.target_layer_ids)
+
+    def train_step(batch: MicroBatch, index: int, mark=_noop):
+        return step([batch], lambda mb, ids, attention: target.features(ids, attention, layer_ids), index + 1, mark)
+
     vocab = target.facts.vocab_size
     batches = [synthetic_batch(cfg, vocab, i, rank) for i in range(total_steps)]
 
@@ -371,7 +335,7 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     for i in range(cfg.warmup):
         _sync(device)
         start = time.perf_counter()
-        train_step(st, batches[i])
+        train_step(batches[i], i)
         _sync(device)
         warmup_times.append(time.perf_counter() - start)
         log(f"warm-up step {i + 1}: {warmup_times[-1]:.2f}s")
@@ -384,14 +348,12 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     losses = []
     _sync(device)
     if world > 1:  # every rank starts its timed loop together
-        import torch.distributed as dist
-
         dist.barrier()
     start = time.perf_counter()
     for i in range(cfg.warmup, cfg.warmup + cfg.steps):
-        loss, kept = train_step(st, batches[i])
-        losses.append(loss)
-        kept_blocks += kept
+        result = train_step(batches[i], i)
+        losses.append(result.loss)
+        kept_blocks += result.kept_blocks
     _sync(device)
     timed_s = _across_ranks(time.perf_counter() - start, device, world)  # the slowest rank's loop
     kept_blocks = int(_across_ranks(kept_blocks, device, world, op="sum"))
@@ -416,7 +378,7 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         for i in range(begin, begin + cfg.profile_steps):
             _sync(device)
             clock["t"] = time.perf_counter()
-            train_step(st, batches[i], mark)
+            train_step(batches[i], i, mark)
         phase_totals = {k: v / cfg.profile_steps for k, v in phase_totals.items()}
         profiled_step_s = sum(phase_totals.values())
     recompiles = _dynamo_graphs() - graphs_before

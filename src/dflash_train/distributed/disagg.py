@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokeni
 from dflash_train.distributed import watchdog
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
+from dflash_train.train.signals import StopOnSignals
 
 START, REQUEST, STOP = 0, 1, 2
 CONTROL = 5
@@ -110,9 +110,9 @@ def _peer_error(err: Exception, what: str) -> RuntimeError:
 
 # -- drafter side ---------------------------------------------------------------------------------
 class FeatureReceiver:
-    """Replaces a drafter Trainer's ``batches`` and ``feature_source``: micro-batches come from
-    the local iterator (positions, checkpoints) and are checked against what the targets sent;
-    the features come from the targets."""
+    """A drafter trainer's feature source (``train/features.py``): micro-batches come from the
+    trainer's own iterator (positions, checkpoints) and are checked against what the targets
+    sent; the features come from the targets."""
 
     def __init__(self, trainer, topo: Topology, rank: int, comm_device: torch.device, timings):
         self.trainer, self.topo, self.rank = trainer, topo, rank
@@ -121,16 +121,7 @@ class FeatureReceiver:
         self.timings = timings
         self.k = 0
         self.started = self.finished = False
-        self.features: dict[int, torch.Tensor] = {}
-        trainer.batches = self
-        trainer.feature_source = self.feature_source
-
-    # BatchIterator interface used by the trainer (and checkpoints)
-    def state_dict(self) -> dict:
-        return self.local.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.local.load_state_dict(state)
+        self.received: dict[int, torch.Tensor] = {}
 
     def _control(self, dst: int, kind: int, *values: int):
         msg = torch.zeros(CONTROL, dtype=torch.long)
@@ -164,7 +155,7 @@ class FeatureReceiver:
         sources = [self.topo.target_for(self.rank, self.k + i) for i in range(len(expected))]
         requests = [self._control(src, REQUEST, self.k + i) for i, src in enumerate(sources)]
         for i, (mb, src) in enumerate(zip(expected, sources)):
-            self.features[id(mb)] = self._receive(mb, src, self.k + i)
+            self.received[id(mb)] = self._receive(mb, src, self.k + i)
         for w in requests:
             w.wait()
         self.k += len(expected)
@@ -197,8 +188,8 @@ class FeatureReceiver:
                                f"{mb.sample_ids.tolist()[:4]}...) was expected: the ranks' data or configs differ")
         return features
 
-    def feature_source(self, micro_batch: MicroBatch, input_ids, attention_mask) -> torch.Tensor:
-        return self.features.pop(id(micro_batch)).to(self.trainer.device, non_blocking=True)
+    def features(self, micro_batch: MicroBatch, input_ids, attention_mask) -> torch.Tensor:
+        return self.received.pop(id(micro_batch)).to(self.trainer.device, non_blocking=True)
 
 
 # -- target side ----------------------------------------------------------------------------------
@@ -223,7 +214,6 @@ class TargetServer:
         self.batches = BatchIterator(dataset, plan, pad_id=pad_id, rank=0, world_size=1,
                                      micro_batches_per_step=self.per_drafter * topo.drafter_ranks)
         self.log_path = Path(cfg.train.run_dir) / f"target-rank{rank}.jsonl"
-        self.stop_signals = 0
 
     def _recv_control(self, src: int) -> list[int]:
         msg = torch.zeros(CONTROL, dtype=torch.long, device=self.comm)
@@ -253,21 +243,12 @@ class TargetServer:
                 raise RuntimeError(f"target rank {self.rank}: drafter rank {d} sent {msg}, expected START like {starts[0]}")
         _, epoch, position, steps_done, remaining = starts[0]
         self.batches.load_state_dict({"epoch": epoch, "micro_batch": position, "steps_done": steps_done})
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with StopOnSignals(self._on_signal):
             return self._loop(self._items(remaining))
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
-    def _on_signal(self, signum, frame):
+    def _on_signal(self, name: str) -> None:
         # The drafters decide when to stop (they finish the step, save, and send STOP).
-        self.stop_signals += 1
-        if self.stop_signals > 1 and time.monotonic() - self.first_signal > 2.0:
-            raise KeyboardInterrupt
-        if self.stop_signals == 1:
-            self.first_signal = time.monotonic()
-            self.echo(f"target rank {self.rank}: {signal.Signals(signum).name}, serving until the drafters stop")
+        self.echo(f"target rank {self.rank}: {name}, serving until the drafters stop")
 
     def _loop(self, items) -> dict:
         queue: deque = deque()  # (drafter, k, header, ints, features) in global order

@@ -16,12 +16,15 @@ import torch.distributed as dist
 
 from dflash_train.config import JobConfig, load_config
 from dflash_train.distributed import watchdog
-from dflash_train.distributed.common import Timings, fully_shard_target, install_step_hooks, wrap_drafter
+from dflash_train.distributed.common import AgreedRanks
 from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
 from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.distributed.groups import Groups, build_groups
+from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import train
-from dflash_train.train.trainer import RankInfo, resolve_device, resolve_dtype
+from dflash_train.train.parallelize import DataParallel, parallelize_target
+from dflash_train.train.timings import Timings
+from dflash_train.train.trainer import resolve_device, resolve_dtype
 
 
 def _load_target(cfg: JobConfig, target, device):
@@ -71,35 +74,31 @@ def _echo_for(env: DistEnv, echo):
     return echo if env.rank == 0 else (lambda *a, **k: None)
 
 
+def _data_cache_first_on_rank0(cfg: JobConfig, target, env: DistEnv) -> None:
+    """Rank 0 tokenizes and caches the data set while the others wait: concurrent builds of
+    one cache entry would race; afterwards every rank reads the cache."""
+    if env.rank == 0:
+        from dflash_train.data import load_tokenized
+
+        load_tokenized(cfg.data, target.tokenizer, cfg.drafter.block_size)
+    watchdog.beat("waiting for rank 0 to build the data cache")
+    dist.barrier()
+    watchdog.beat("building the drafter; the first step compiles on a cold cache")
+
+
 def _run_colocated(cfg: JobConfig, env: DistEnv, groups: Groups, target, echo) -> dict:
-    group, control = groups.drafters, groups.control
-    ranks = RankInfo(env.rank, env.world, group)
     device = resolve_device(cfg.train.device)
+    ranks = AgreedRanks(env.rank, env.world, groups.drafters, control=groups.control)
     timings = Timings(device)
-    if env.rank != 0:
-        watchdog.beat("waiting for rank 0 to build the data cache")
-        dist.barrier()  # rank 0 builds the data cache first (concurrent builds would race)
-    watchdog.beat("loading the target, building the drafter and the data")
-
-    def wrap(trainer) -> None:
-        if env.rank == 0:
-            dist.barrier()
-        watchdog.beat("first step (compiles on a cold cache)")
-        if cfg.train.fsdp_target:
-            fully_shard_target(trainer.target, group, device)
-        local = trainer.feature_source
-
-        def timed_features(*args):
-            with timings.measure("target_forward"):
-                return local(*args)
-
-        trainer.feature_source = timed_features
-        wrap_drafter(trainer, group, device)
-        install_step_hooks(trainer, control, timings)
-
+    loaded = _load_target(cfg, target, device)
+    if cfg.train.fsdp_target:
+        parallelize_target(loaded, groups.drafters, device)
+    _data_cache_first_on_rank0(cfg, loaded, env)
     echo_fn = _echo_for(env, echo)
     echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
-    return train(cfg, target=_load_target(cfg, target, device), ranks=ranks, wrap=wrap, echo=echo_fn)
+    return train(cfg, target=loaded, ranks=ranks, echo=echo_fn, timings=timings,
+                 features=lambda trainer: TimedFeatures(LocalFeatures(trainer), timings),
+                 data_parallel=DataParallel(groups.drafters, device, fsdp=cfg.train.fsdp_drafter))
 
 
 def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Groups, target, echo) -> dict:
@@ -109,14 +108,9 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")
-    drafter_group, control = groups.drafters, groups.control
     device = resolve_device(cfg.train.device)
-    timings = Timings(device)
-    if env.rank != 0:
-        watchdog.beat("waiting for rank 0 to build the data cache")
-        dist.barrier()  # rank 0 builds the data cache first
-    watchdog.beat("loading the target, building the drafter and the data")
     loaded = _load_target(cfg, target, device)
+    _data_cache_first_on_rank0(cfg, loaded, env)
     if not topo.is_drafter(env.rank):
         echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
         server = TargetServer(cfg, loaded, topo, env.rank, device, env.comm_device, echo=echo)
@@ -125,23 +119,14 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
         return {"role": "target", **totals}
 
     strip_decoder_layers(loaded)  # features come from the target ranks
-    ranks = RankInfo(env.rank, topo.drafter_ranks, drafter_group)
-    receiver: list[FeatureReceiver] = []
-
-    def wrap(trainer) -> None:
-        if env.rank == 0:
-            dist.barrier()
-        watchdog.beat("first step (compiles on a cold cache)")
-        receiver.append(FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings))
-        wrap_drafter(trainer, drafter_group, device)
-        install_step_hooks(trainer, control, timings, on_last_step=receiver[0].finish)
-
+    ranks = AgreedRanks(env.rank, topo.drafter_ranks, groups.drafters, control=groups.control)
+    timings = Timings(device)
     echo_fn = _echo_for(env, echo)
     echo_fn(f"disaggregated: {topo.drafter_ranks} drafter ranks (0..{topo.drafter_ranks - 1}), "
             f"{topo.target_ranks} target ranks ({topo.drafter_ranks}..{topo.world - 1}), backend {env.backend}")
-    result = train(cfg, target=loaded, ranks=ranks, wrap=wrap, echo=echo_fn)
-    receiver[0].finish()  # no-op unless no step ran (e.g. resumed at the last step)
-    return result
+    return train(cfg, target=loaded, ranks=ranks, echo=echo_fn, timings=timings,
+                 features=lambda trainer: FeatureReceiver(trainer, topo, env.rank, env.comm_device, timings),
+                 data_parallel=DataParallel(groups.drafters, device, fsdp=cfg.train.fsdp_drafter))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,23 +31,23 @@ def _sync(device: torch.device) -> None:
 
 def measure(cfg: JobConfig, steps: int = 3, echo=print) -> dict:
     """Tokens/s of the target (features only) and of the drafter (train step on cached features)."""
+    from dflash_train.train.features import CachedFeatures, LocalFeatures
     from dflash_train.train.trainer import Trainer
 
     cfg.train.progress = False
-    trainer = Trainer(cfg, echo=echo)
-    micro = [mb for _ in range(steps + 1) for mb in trainer.batches.next_step()]
+    trainer = Trainer(cfg, echo=echo, features=lambda t: CachedFeatures(LocalFeatures(t)))
+    micro = [mb for _ in range(steps + 1) for mb in trainer.source.next_step()]
     per_step = cfg.train.grad_accum
-    cached, target_time, target_tokens = {}, 0.0, 0
-    for i, mb in enumerate(micro):
+    target_time, target_tokens = 0.0, 0
+    for i, mb in enumerate(micro):  # fills the cache the drafter's steps then read
         ids, attention = mb.input_ids.to(trainer.device), mb.attention_mask.to(trainer.device)
         _sync(trainer.device)
         start = time.perf_counter()
-        cached[id(mb)] = trainer.local_features(mb, ids, attention)
+        trainer.source.features(mb, ids, attention)
         _sync(trainer.device)
         if i >= per_step:  # the first step is a warm-up
             target_time += time.perf_counter() - start
             target_tokens += int(mb.attention_mask.sum())
-    trainer.feature_source = lambda mb, *_: cached[id(mb)]
     drafter_time, drafter_tokens = 0.0, 0
     for s in range(steps + 1):
         batch = micro[s * per_step:(s + 1) * per_step]

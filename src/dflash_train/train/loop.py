@@ -1,7 +1,8 @@
 """A whole training job: build, resume, train, checkpoint, evaluate, summarize.
 
-The parallel layer (``dflash_train.distributed``) calls ``train`` with its rank info and a
-wrapped model; everything else is the same in one process and in many.
+The parallel layer (``dflash_train.distributed``) calls ``train`` with its rank layout,
+feature source, timings and data parallelism; everything else is the same in one process
+and in many.
 """
 
 from __future__ import annotations
@@ -72,19 +73,17 @@ def preflight(cfg: JobConfig, echo=print) -> Path | None:
     return resolve_resume(cfg.train.resume, run_dir, echo)
 
 
-def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None, echo=print,
-          clock=time.monotonic) -> dict:
+def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
+          **parts) -> dict:
     """Run one training job and return its summary (also written to ``summary.json``).
 
-    ``wrap(trainer)`` lets the parallel layer wrap ``trainer.model`` (DDP, compile)
-    after the drafter exists and before any checkpoint is loaded. ``clock`` times the
+    ``ranks`` and ``parts`` (``features``, ``timings``, ``data_parallel``) are what the
+    distributed layer passes to the ``Trainer`` (see its docstring). ``clock`` times the
     steps for ``train.time_budget_minutes`` (tests pass a fake one).
     """
     is_main = ranks is None or ranks.is_main
     resume = preflight(cfg, echo if is_main else (lambda *a, **k: None))
-    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock)
-    if wrap is not None:
-        wrap(trainer)
+    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock, **parts)
     write_run_config(trainer)
     if resume is not None:
         load_checkpoint(trainer, resume)

@@ -1,4 +1,4 @@
-"""Activation checkpointing and compilation, applied to the drafter in one place.
+"""Activation checkpointing, compilation and data parallelism, applied to the drafter in one place.
 
 Order matters (as in torchtitan): checkpoint-wrap each decoder layer first, then
 compile each wrapped layer. Dynamo then traces the non-reentrant checkpoint as a
@@ -20,9 +20,13 @@ needed anyway): ~0.3% of a reference step, against a second compile of the whole
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.nn.parallel import DistributedDataParallel
 
 
 def apply_activation_checkpointing(drafter: nn.Module) -> None:
@@ -44,9 +48,100 @@ def apply_compile(drafter: nn.Module) -> None:
         layer.compile(dynamic=False)  # in place: parameter names (checkpoints, export) stay unchanged
 
 
-def parallelize_drafter(drafter: nn.Module, activation_checkpointing: bool, compile: bool) -> nn.Module:
+@dataclass
+class DataParallel:
+    """How the drafter is replicated over the drafter ranks: DDP (default) or FSDP2."""
+
+    group: object  # the drafter ranks' process group
+    device: torch.device
+    fsdp: bool = False
+
+
+class DDP(DistributedDataParallel):
+    """DDP that forwards attribute reads (``layer_types``, ``sliding_window``...) to the drafter.
+
+    Dynamo's DDP optimizer is turned off: it splits every compiled graph run under DDP at
+    gradient-bucket boundaries, so the drafter layer compiled into different graphs on N GPUs
+    than on one (a warm one-GPU cache was missed: the first 2-GPU step compiled for 20 s) and
+    into several pieces per layer. Each drafter layer is its own compiled graph already, so
+    gradients still reach DDP's buckets layer by layer, overlapping the backward.
+    """
+
+    def __init__(self, *args, **kwargs):
+        torch._dynamo.config.optimize_ddp = False
+        super().__init__(*args, **kwargs)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def _mesh(group, device: torch.device):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, device.type)
+
+
+def apply_fsdp(drafter: nn.Module, group, device: torch.device) -> None:
+    """FSDP2: one unit per drafter layer plus the root. It reduce-scatters the MEAN gradient,
+    like DDP, so the trainer's ``* world`` scaling holds for both."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _mesh(group, device)
+    for layer in drafter.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(drafter, mesh=mesh)
+
+
+def parallelize_target(target, group, device: torch.device) -> None:
+    """FSDP2 over the target's decoder layers only (forward only, resharded after each layer).
+
+    The embedding, final norm and lm_head stay whole on every rank: the drafter reads them
+    directly. Every rank must run the same number of target forwards (true when colocated).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = _mesh(group, device)
+    for layer in target.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+
+
+def no_sync(model: nn.Module, skip: bool):
+    """Skip the gradient all-reduce of a micro-batch that is not the step's last (DDP, FSDP2)."""
+    if not skip:
+        return contextlib.nullcontext()
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+        return _fsdp_no_sync(model)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def parallelize_drafter(drafter: nn.Module, activation_checkpointing: bool, compile: bool,
+                        data_parallel: DataParallel | None = None) -> nn.Module:
+    """Checkpoint-wrap, compile, then replicate or shard; returns the module a step calls
+    (DDP's wrapper, or the drafter itself). Call it before the optimizer exists: FSDP2
+    replaces the parameters by sharded ones, which the optimizer must hold."""
     if activation_checkpointing:
         apply_activation_checkpointing(drafter)
     if compile:
         apply_compile(drafter)
-    return drafter
+    if data_parallel is None:
+        return drafter
+    if data_parallel.fsdp:
+        apply_fsdp(drafter, data_parallel.group, data_parallel.device)
+        return drafter
+    device = data_parallel.device
+    return DDP(drafter, device_ids=[device.index] if device.type == "cuda" else None,
+               process_group=data_parallel.group)

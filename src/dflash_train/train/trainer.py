@@ -1,36 +1,31 @@
-"""The single-process training loop (the distributed layer wraps the same pieces).
-
-One optimizer step = ``grad_accum`` micro-batches on this rank (and the matching
-micro-batches on the other ranks). The loss of the step is
-``sum(w * CE) / sum(w)`` over ALL its micro-batches on ALL ranks: the weight total
-is known before any backward (labels and weights come from the anchors, drawn on
-the CPU), so splitting a step across micro-batches or ranks does not change the
-gradient, only the float summation order.
+"""The training loop: builds target, drafter, data and optimizer, and runs the steps
+(``train/step.py``) with the clock, the stop agreement, logging and signals around them.
+The distributed layer passes its parts in (see ``Trainer``); nothing is patched afterwards.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from dflash_train.config import JobConfig
 from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.objective.blocks import default_gamma, sample_batch_anchors, uniform_anchors
-from dflash_train.objective.loss import acceptance_stats
-from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.objective.blocks import default_gamma
+from dflash_train.objective.step import ObjectiveOptions
+from dflash_train.train.features import LocalFeatures
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import build_optimizer, build_scheduler
-from dflash_train.train.parallelize import parallelize_drafter
+from dflash_train.train.parallelize import DataParallel, parallelize_drafter
+from dflash_train.train.signals import StopOnSignals
+from dflash_train.train.step import Anchors, StepResult, TrainStep
+from dflash_train.train.timings import TimedLogger, Timings
 
 
 def resolve_device(name: str) -> torch.device:
@@ -62,6 +57,8 @@ class Counters:
 
 @dataclass
 class RankInfo:
+    """This process's place among the drafter ranks, and how they agree after every step."""
+
     rank: int = 0
     world: int = 1
     group: object = None  # process group of the drafter data-parallel ranks
@@ -69,6 +66,11 @@ class RankInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def agree(self, step: int, stop: bool, signalled: bool, seconds: float) -> tuple[bool, bool, float]:
+        """(stop, signalled, training seconds) as every rank will act on them after ``step``.
+        One process: its own values. (``distributed.common.AgreedRanks``: the max over ranks.)"""
+        return stop, signalled, seconds
 
 
 class NonFiniteError(ValueError):
@@ -80,10 +82,17 @@ class Trainer:
 
     ``clock`` (seconds, monotonic) times the steps charged to ``train.time_budget_minutes``;
     tests pass a fake one so time-dependent behaviour does not depend on the machine's speed.
+
+    The distributed layer passes its parts in, nothing is patched afterwards: ``ranks`` (the
+    rank layout and the per-step agreement on stopping and on the clock), ``features`` (a
+    factory of the trainer returning its feature source, ``train/features.py``; default: the
+    local target), ``timings`` (per-role seconds in the metrics) and ``data_parallel`` (DDP or
+    FSDP2 over the drafter ranks, applied with compile and checkpointing before the optimizer).
     """
 
     def __init__(self, cfg: JobConfig, target: Target | None = None, ranks: RankInfo | None = None, echo=print,
-                 clock=time.monotonic):
+                 clock=time.monotonic, features=None, timings: Timings | None = None,
+                 data_parallel: DataParallel | None = None):
         self.cfg = cfg
         self.clock = clock
         self.ranks = ranks or RankInfo()
@@ -99,21 +108,25 @@ class Trainer:
             self._warm_start(cfg.train.init_from)
         self.opts = self._objective_options()
         self.compiled = cfg.train.compile and self.device.type == "cuda"
-        parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, compile=self.compiled)
+        # what a step calls: the drafter, or its DDP wrapper
+        self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
+                                         data_parallel)
         self._build_data()
+        self.source = (features or LocalFeatures)(self)
+        self.timings = timings
         # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see _optimizer_step.
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim,
                                          fused=self.device.type in ("cuda", "cpu"))
-        self._bad = torch.zeros(4, device=self.device)  # non-finite steps: count, first step, its loss, norm
         self.counters = Counters()
         self.scheduler = self.build_scheduler()
-        self.stop_requested = False
+        t = cfg.train
+        self.step = TrainStep(self.model, self.drafter, self.target, self.optimizer, self.scheduler, self.opts,
+                              Anchors(t.anchors, t.num_anchors, t.seed, self.opts.block_size), cfg.optim.grad_clip,
+                              self.device, self.dtype, self.ranks)
+        self.stop_requested = False  # agreed by every rank after a step: the loop ends
+        self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
         self.logger: MetricLogger | None = None
-        self.model = self.drafter  # what forward calls: wrapped by DDP / compile in the parallel layer
-        # Where context features come from: the local target (colocated) by default; the
-        # disaggregated layer swaps in a receiver fed by target ranks.
-        self.feature_source = self.local_features
 
     # -- set-up ----------------------------------------------------------------------------
     def build_scheduler(self):
@@ -172,99 +185,23 @@ class Trainer:
                   f"{self.total_steps} steps, padding waste {self.plan.padding_waste():.1%}")
 
     # -- one step --------------------------------------------------------------------------
-    def anchors_for(self, mb: MicroBatch):
-        t = self.cfg.train
-        if t.anchors == "uniform":
-            return uniform_anchors(mb.loss_mask, t.num_anchors, self.opts.block_size, mb.doc_ids)
-        return sample_batch_anchors(mb.loss_mask, mb.sample_ids, t.num_anchors, t.seed, mb.epoch, mb.doc_ids)
-
-    def prepare(self, mb: MicroBatch):
-        """CPU anchors -> device blocks for one micro-batch."""
-        anchors, keep = self.anchors_for(mb)
-        to = {"device": self.device, "non_blocking": True}
-        input_ids, loss_mask = mb.input_ids.to(**to), mb.loss_mask.to(**to)
-        doc_ids = None if mb.doc_ids is None else mb.doc_ids.to(**to)
-        blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts, doc_ids)
-        return input_ids, mb.attention_mask.to(**to), blocks
-
-    def local_features(self, micro_batch: MicroBatch, input_ids, attention_mask) -> torch.Tensor:
-        doc_ids = None if micro_batch.doc_ids is None else micro_batch.doc_ids.to(input_ids.device)
-        return self.target.features(input_ids, attention_mask, self.drafter_cfg.target_layer_ids, doc_ids)
-
-    def global_weight(self, prepared) -> torch.Tensor:
-        total = sum(blocks.weights.sum() for _, _, blocks in prepared)
-        if self.ranks.world > 1:
-            dist.all_reduce(total, group=self.ranks.group)
-        return total.clamp(min=1e-6)
-
-    def train_step(self, micro_batches: list[MicroBatch]):
+    def train_step(self, micro_batches: list[MicroBatch]) -> StepResult:
         """Forward + backward of every micro-batch of this rank, then one optimizer step."""
-        prepared = [self.prepare(mb) for mb in micro_batches]
-        total_weight = self.global_weight(prepared)
-        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
-        step_loss = torch.zeros((), device=self.device)
-        stats = []
-        for index, (input_ids, attention_mask, blocks) in enumerate(prepared):
-            features = self.feature_source(micro_batches[index], input_ids, attention_mask)
-            with autocast, self._no_sync(index < len(prepared) - 1):
-                out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, features,
-                                   blocks, self.opts)
-                loss = out.weighted_ce / total_weight
-                (loss * self.ranks.world).backward()  # DDP averages over ranks; we want the global sum
-            step_loss += loss.detach()
-            stats.append(acceptance_stats(out.correct, out.valid, blocks.keep))
-        if self.ranks.world > 1:
-            dist.all_reduce(step_loss, group=self.ranks.group)
-        grad_norm = self._optimizer_step(step_loss)
-        return step_loss, stats, grad_norm
-
-    def _no_sync(self, skip: bool):
-        if skip and hasattr(self.model, "no_sync"):
-            return self.model.no_sync()
-        return contextlib.nullcontext()
-
-    def _optimizer_step(self, step_loss: torch.Tensor) -> torch.Tensor:
-        """Clip, then step, unless the loss or the gradient norm is not finite.
-
-        Deciding that on the host would cost a device synchronization every step (the
-        trainer has none: the loop syncs only at log lines). So the decision stays on the
-        device: the clip already reduces every gradient to one norm; ``ok`` is two more
-        scalar ops on it and the (already reduced, identical on every rank) loss. The fused
-        AdamW kernel takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
-        step leaves weights, moments and the step count untouched. The host reads the
-        counters in ``_bad`` at the next log line or save (``check_bad_steps``), where it
-        synchronizes anyway. The LR schedule advances on a skipped step (its data is consumed).
-        Without a fused optimizer (a device other than CUDA/CPU) the host decides, at the
-        price of a sync.
-        """
-        clip = self.cfg.optim.grad_clip
-        params = self.drafter.parameters()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; the whole norm (a device collective)
-            grad_norm = grad_norm.full_tensor()
-        ok = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
-        self.last_step_ok = ok
-        bad = ~ok
-        first = bad & (self._bad[0] == 0)
-        step = self._bad.new_full((), float(self.counters.step + 1))  # a fill kernel: no host-to-device copy
-        values = torch.stack([self._bad[0] + bad, step, step_loss.float(), grad_norm.float()])
-        self._bad = torch.where(torch.stack([bad, first, first, first]), values, self._bad)
-        if self.optimizer.defaults.get("fused"):
-            self.optimizer.found_inf = bad.float()
-            self.optimizer.step()
-        elif bool(ok):
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        if self.timings is None:
+            return self.step(micro_batches, self.source.features, self.counters.step + 1)
+        start = self.timings.mark()
+        out = self.step(micro_batches, self.source.features, self.counters.step + 1)
+        self.timings.span("step", start, self.timings.mark(), local=False)
+        self.timings.steps += 1
+        return out
 
     def check_bad_steps(self) -> None:
         """Read the device's non-finite-step counters (call only where the host syncs anyway:
         a log line, a save) and stop the run past ``train.max_bad_steps``."""
-        count, first, loss, norm = self._bad.tolist()
+        count, first, loss, norm = self.step.bad.tolist()
         if count == 0:
             return
-        self._bad.zero_()
+        self.step.bad.zero_()
         self.counters.bad_steps += int(count)
         allowed = self.cfg.train.max_bad_steps
         what = f"non-finite loss or gradient norm at step {int(first)} (loss {loss}, grad norm {norm})"
@@ -286,12 +223,21 @@ class Trainer:
         return self.budget_seconds > 0 and self.counters.train_seconds >= self.budget_seconds
 
     def advance_clock(self, seconds: float) -> None:
-        """Charge one step's wall time to the budget; ask to stop once it is spent. (The
-        distributed layer overrides this to agree on the clock and on stopping.)"""
-        self.counters.train_seconds += seconds
-        if self.budget_spent() and not self.stop_requested:
-            self.echo(f"time budget of {self.cfg.train.time_budget_minutes:g} min spent at step {self.counters.step}")
+        """Charge one step's wall time to the budget and agree with the other ranks on the clock
+        (their max) and on stopping: DDP and checkpoints are collective, so every rank must end
+        after the same step and use the same LR (which follows the time budget)."""
+        stop, self.signalled, self.counters.train_seconds = self.ranks.agree(
+            self.counters.step, self._local_stop, self.signalled, self.counters.train_seconds + seconds)
+        if (stop or self.budget_spent()) and not self.stop_requested:
             self.stop_requested = True
+            reason = (f"time budget of {self.cfg.train.time_budget_minutes:g} min spent" if self.budget_spent()
+                      else "stop requested")
+            every = "; every rank stops here" if self.ranks.world > 1 else ""
+            self.echo(f"{reason} at step {self.counters.step}{every}")
+
+    def _on_signal(self, name: str) -> None:
+        self._local_stop = self.signalled = True
+        self.echo(f"signal {name}: finishing this step, then saving and exiting")
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, on_step_end=None) -> dict:
@@ -303,15 +249,16 @@ class Trainer:
         bar = self._progress_bar()
         history = []
         first_step = True  # compilation / warm-up: not charged to the time budget
-        with _stop_on_signals(self):
+        with StopOnSignals(self._on_signal):
             while self.counters.step < self.total_steps and not self.stop_requested and not self.budget_spent():
                 started = self.clock()
-                micro_batches = self.batches.next_step()
-                loss, stats, grad_norm = self.train_step(micro_batches)
+                micro_batches = self.source.next_step()
+                result = self.train_step(micro_batches)
+                loss, stats, grad_norm = result.loss, result.stats, result.grad_norm
                 tokens = self._count(micro_batches)
                 self.advance_clock(0.0 if first_step else self.clock() - started)
                 first_step = False
-                window.add_step(loss, stats, tokens, good=getattr(self, "last_step_ok", None))
+                window.add_step(loss, stats, tokens, good=self.step.last_ok)
                 if bar is not None:
                     bar.update(1)
                 last = self.counters.step == self.total_steps or self.stop_requested
@@ -327,6 +274,7 @@ class Trainer:
                     window.reset()
                 if on_step_end is not None:
                     on_step_end(self)
+        self.source.finish()
         if bar is not None:
             bar.close()
         return {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
@@ -334,7 +282,10 @@ class Trainer:
     def open_logger(self) -> MetricLogger:
         if self.logger is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
+            if self.timings is None:
+                self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
+            else:
+                self.logger = TimedLogger(self.run_dir, self.cfg.train.tensorboard, self.ranks.is_main, self.timings)
         return self.logger
 
     def _count(self, micro_batches: list[MicroBatch]) -> int:
@@ -365,36 +316,3 @@ class Trainer:
         self.counters = Counters(**state["counters"])
         self.batches.load_state_dict(state["data"])
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-class _stop_on_signals:
-    """SIGTERM/SIGINT set ``trainer.stop_requested``: the step in flight finishes,
-    then the loop ends and the caller saves a checkpoint. A second signal aborts."""
-
-    def __init__(self, trainer: Trainer):
-        self.trainer = trainer
-        self.previous = {}
-        self.first_signal = 0.0
-
-    def _handler(self, signum, frame):
-        # A Ctrl-C under torchrun reaches a worker twice (from the terminal and forwarded by
-        # torchrun) within milliseconds: count that as one signal.
-        if self.trainer.stop_requested and time.monotonic() - self.first_signal > 2.0:
-            raise KeyboardInterrupt
-        if self.trainer.stop_requested:
-            return
-        self.first_signal = time.monotonic()
-        self.trainer.signalled = True
-        self.trainer.stop_requested = True
-        self.trainer.echo(f"signal {signal.Signals(signum).name}: finishing this step, then saving and exiting")
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread: no handlers
-                self.previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        return False

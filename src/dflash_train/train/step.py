@@ -1,0 +1,139 @@
+"""One optimizer step of the drafter: the code the trainer runs and the benchmark times.
+
+One step = this rank's micro-batches (``grad_accum``), and the matching micro-batches on the
+other drafter ranks. The loss of the step is ``sum(w * CE) / sum(w)`` over ALL its
+micro-batches on ALL ranks: the weight total is known before any backward (labels and weights
+come from the anchors, drawn on the CPU), so splitting a step across micro-batches or ranks
+does not change the gradient, only the float summation order.
+
+``mark(phase)`` (default: nothing) is called as each phase ends (``prepare``,
+``target_forward``, ``drafter_forward``, ``backward``, ``optimizer``); the benchmark's
+profiled pass synchronizes there. The trainer passes none: the step has no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dflash_train.data.batching import MicroBatch
+from dflash_train.objective.blocks import sample_batch_anchors, uniform_anchors
+from dflash_train.objective.loss import acceptance_stats
+from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.train.parallelize import no_sync
+
+
+def _no_mark(_phase: str) -> None:
+    pass
+
+
+@dataclass
+class Anchors:
+    """How a micro-batch's anchors are drawn: ``random`` (fresh per sample and epoch, the
+    paper's) or ``uniform`` (fixed blocks, the ablation)."""
+
+    mode: str
+    num_anchors: int
+    seed: int
+    block_size: int
+
+    def __call__(self, mb: MicroBatch):
+        if self.mode == "uniform":
+            return uniform_anchors(mb.loss_mask, self.num_anchors, self.block_size, mb.doc_ids)
+        return sample_batch_anchors(mb.loss_mask, mb.sample_ids, self.num_anchors, self.seed, mb.epoch, mb.doc_ids)
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # the step's global loss (device scalar)
+    stats: list  # per micro-batch acceptance statistics (device tensors)
+    grad_norm: torch.Tensor
+    kept_blocks: int  # valid blocks on this rank (counted on the CPU)
+
+
+class TrainStep:
+    def __init__(self, model, drafter, target, optimizer, scheduler, opts: ObjectiveOptions, anchors: Anchors,
+                 grad_clip: float, device: torch.device, dtype: torch.dtype, ranks):
+        self.model, self.drafter, self.target = model, drafter, target
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.opts, self.anchors, self.grad_clip = opts, anchors, grad_clip
+        self.device, self.dtype, self.ranks = device, dtype, ranks
+        self.bad = torch.zeros(4, device=device)  # non-finite steps: count, first step, its loss, norm
+        self.last_ok: torch.Tensor | None = None
+
+    def prepare(self, mb: MicroBatch):
+        """CPU anchors -> device blocks for one micro-batch."""
+        anchors, keep = self.anchors(mb)
+        to = {"device": self.device, "non_blocking": True}
+        input_ids, loss_mask = mb.input_ids.to(**to), mb.loss_mask.to(**to)
+        doc_ids = None if mb.doc_ids is None else mb.doc_ids.to(**to)
+        blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts, doc_ids)
+        return input_ids, mb.attention_mask.to(**to), blocks, int(keep.sum())
+
+    def global_weight(self, prepared) -> torch.Tensor:
+        total = sum(blocks.weights.sum() for _, _, blocks, _ in prepared)
+        if self.ranks.world > 1:
+            dist.all_reduce(total, group=self.ranks.group)
+        return total.clamp(min=1e-6)
+
+    def __call__(self, micro_batches: list[MicroBatch], features, step_number: int, mark=_no_mark) -> StepResult:
+        """Forward + backward of every micro-batch, then one optimizer step. ``features(mb,
+        input_ids, attention_mask)`` gives a micro-batch's target features."""
+        prepared = [self.prepare(mb) for mb in micro_batches]
+        total_weight = self.global_weight(prepared)
+        mark("prepare")
+        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        step_loss = torch.zeros((), device=self.device)
+        stats = []
+        for index, (input_ids, attention_mask, blocks, _) in enumerate(prepared):
+            context = features(micro_batches[index], input_ids, attention_mask)
+            mark("target_forward")
+            with autocast, no_sync(self.model, index < len(prepared) - 1):
+                out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, context,
+                                   blocks, self.opts)
+                loss = out.weighted_ce / total_weight
+                mark("drafter_forward")
+                (loss * self.ranks.world).backward()  # DDP averages over ranks; we want the global sum
+            mark("backward")
+            step_loss += loss.detach()
+            stats.append(acceptance_stats(out.correct, out.valid, blocks.keep))
+        if self.ranks.world > 1:
+            dist.all_reduce(step_loss, group=self.ranks.group)
+        grad_norm = self._optimizer_step(step_loss, step_number)
+        mark("optimizer")
+        return StepResult(step_loss, stats, grad_norm, sum(kept for *_, kept in prepared))
+
+    def _optimizer_step(self, step_loss: torch.Tensor, step_number: int) -> torch.Tensor:
+        """Clip, then step, unless the loss or the gradient norm is not finite.
+
+        Deciding that on the host would cost a device synchronization every step (the
+        trainer has none: the loop syncs only at log lines). So the decision stays on the
+        device: the clip already reduces every gradient to one norm; ``ok`` is two more
+        scalar ops on it and the (already reduced, identical on every rank) loss. The fused
+        AdamW kernel takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
+        step leaves weights, moments and the step count untouched. The host reads the
+        counters in ``bad`` at the next log line or save (``Trainer.check_bad_steps``), where
+        it synchronizes anyway. The LR schedule advances on a skipped step (its data is
+        consumed). Without a fused optimizer the host decides, at the price of a sync.
+        """
+        clip = self.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), clip if clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; the whole norm (a device collective)
+            grad_norm = grad_norm.full_tensor()
+        ok = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
+        self.last_ok = ok
+        bad = ~ok
+        first = bad & (self.bad[0] == 0)
+        step = self.bad.new_full((), float(step_number))  # a fill kernel: no host-to-device copy
+        values = torch.stack([self.bad[0] + bad, step, step_loss.float(), grad_norm.float()])
+        self.bad = torch.where(torch.stack([bad, first, first, first]), values, self.bad)
+        if self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf = bad.float()
+            self.optimizer.step()
+        elif bool(ok):
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
