@@ -21,7 +21,7 @@ if [[ " $STAGES " == *" train "* ]]; then
   stage "train done"
 fi
 if [[ " $STAGES " == *" export "* ]]; then
-  $DFT export "$RUN" "$EXPORT" --target "$TARGET" --force
+  $DFT export "$RUN" "$EXPORT" --target "$TARGET" --force --dtype float32  # as the README results were measured
   stage "export done"
 fi
 if [[ " $STAGES " == *" eval "* ]]; then
