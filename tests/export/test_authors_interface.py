@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModel, DynamicCache
 
-from dflash_train.eval.speculative import (
+from dflash_train.decoding.speculative import (
     DFlashProposer,
     DrafterContextCache,
     speculative_generate,
@@ -176,8 +176,8 @@ def _record_norm_outputs(module):
 def test_spec_generate_equals_dflash_train_eval_on_smollm2(tmp_path, smollm2):
     """AutoModel.from_pretrained(export).spec_generate gives the tokens, the acceptance lengths and,
     step by step, the drafter states of `dflash-train eval`'s decoders (greedy, float32)."""
+    from dflash_train.decoding.static import StaticDecoder
     from dflash_train.eval.loader import load_drafter_folder
-    from dflash_train.eval.static import StaticDecoder
 
     target, ids = smollm2
     drafter, cfg = tiny_drafter(target, num_layers=2, block_size=4, num_target_features=3)

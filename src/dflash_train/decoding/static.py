@@ -6,7 +6,7 @@ Python, not on the GPU. Each Hugging Face forward of SmolLM2-135M (30 layers) co
 speedup and the evaluation's wall time measure launch overhead. Here every per-token
 step has a fixed shape, so on CUDA it is captured once as a CUDA graph and replayed:
 
-* target: K/V in :class:`~dflash_train.data.fastgen.KVBuffers` of a fixed length ``L``;
+* target: K/V in :class:`~.cache.KVBuffers` of a fixed length ``L``;
   a step writes ``q`` new positions (1 for plain decoding, ``B`` for verification) and
   masks keys after each query's position, so stale entries (rejected drafts) are never
   seen and are overwritten by the next step. No crop is needed;
@@ -31,10 +31,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dflash_train.data.fastgen import KVBuffers, capture_cuda_graph
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.config import SLIDING_ATTENTION
 
+from .cache import KVBuffers, capture_cuda_graph
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
