@@ -124,6 +124,11 @@ def test_prompt_extraction(tmp_path):
     assert record_prompt({"prompt": "hi"}, "x") == [{"role": "user", "content": "hi"}]
     sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "r"}], "system": "S"}
     assert record_prompt(sharegpt, "x") == [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]
+    tool = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_response", "value": "t"},
+                              {"from": "gpt", "value": "r"}]}  # the data readers' role table
+    assert [m["role"] for m in record_prompt(tool, "x")] == ["user", "tool"]
+    with pytest.raises(ValueError, match=r"f:1: field 'messages\[0\].role': unknown_role"):
+        record_prompt({"messages": [{"role": "bogus", "content": "x"}]}, "f:1")
     with pytest.raises(ValueError, match="no 'messages'"):
         record_prompt({"text": "x"}, "f:1")
     with pytest.raises(ValueError, match="empty"):
