@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from dflash_train.models.attention import build_masks, dense_mask, full_block_mask_mod, sliding_block_mask_mod
+from dflash_train.models.attention import (
+    build_masks,
+    decode_masks,
+    dense_mask,
+    full_block_mask_mod,
+    sliding_block_mask_mod,
+)
 from dflash_train.models.drafter import attend
 
 
@@ -204,3 +210,28 @@ def test_flex_mask_builder_compiles_nothing_and_covers_every_visible_key():
         tiles = dense[0, 0].view(num_blocks * block // 128, 128, -1, 128).any(-1).any(1)
         assert not (tiles & ~listed).any()
     assert counters["stats"]["unique_graphs"] == before
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_decode_masks_equal_inference_rule(window):
+    """One decoding step: block at p..p+B-1 over [context slots ; block]. A context slot is
+    visible iff it is before p (slots at or after p: a static cache's stale or scratch
+    entries) and, for sliding layers, within the window of the query's position; the
+    block is bidirectional for full layers, causal for sliding ones."""
+    types = ["full_attention"] + (["sliding_attention"] if window else [])
+    p, block, slots = 6, 4, 11
+    for anchor in (p, torch.tensor([p])):  # host int (reference decoder) or device tensor (graphed step)
+        masks = decode_masks(types, anchor, slots, block, window)
+        for name, mask in masks.items():
+            sliding = name == "sliding_attention"
+            want = torch.zeros(1, 1, block, slots + block, dtype=torch.bool)
+            for q in range(block):
+                for k in range(slots):
+                    want[0, 0, q, k] = k < p and (not sliding or k > p + q - window)
+                for kb in range(block):
+                    want[0, 0, q, slots + kb] = not sliding or kb <= q
+            assert torch.equal(mask, want), name
+    grown = decode_masks(types, p, p, block, window)  # a growing cache: nothing to hide in full layers
+    assert grown["full_attention"] is None
+    if window:
+        assert grown["sliding_attention"].shape == (1, 1, block, p + block)

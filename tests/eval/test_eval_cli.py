@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,9 @@ import torch
 from serving_helpers import write_serving_folder
 
 from dflash_train.cli import main
+from dflash_train.decoding.speculative import GenResult
 from dflash_train.eval.evaluate import compare_greedy, evaluate, format_table
 from dflash_train.eval.prompts import read_prompts, record_prompt
-from dflash_train.eval.speculative import GenResult
 from dflash_train.models.target import Target
 from dflash_train.testing import tiny_drafter, tiny_qwen3
 
@@ -68,7 +69,7 @@ def test_auto_engine_follows_temperature():
 @pytest.mark.parametrize("engine", ["hf", "static"])
 def test_eval_cli_reports_lossless_failure(folders, tmp_path, monkeypatch, capsys, engine):
     import dflash_train.eval.evaluate as ev
-    from dflash_train.eval.static import StaticDecoder
+    from dflash_train.decoding.static import StaticDecoder
 
     def corrupt(real):
         def broken(*args, **kwargs):
@@ -123,6 +124,11 @@ def test_prompt_extraction(tmp_path):
     assert record_prompt({"prompt": "hi"}, "x") == [{"role": "user", "content": "hi"}]
     sharegpt = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "r"}], "system": "S"}
     assert record_prompt(sharegpt, "x") == [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}]
+    tool = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_response", "value": "t"},
+                              {"from": "gpt", "value": "r"}]}  # the data readers' role table
+    assert [m["role"] for m in record_prompt(tool, "x")] == ["user", "tool"]
+    with pytest.raises(ValueError, match=r"f:1: field 'messages\[0\].role': unknown_role"):
+        record_prompt({"messages": [{"role": "bogus", "content": "x"}]}, "f:1")
     with pytest.raises(ValueError, match="no 'messages'"):
         record_prompt({"text": "x"}, "f:1")
     with pytest.raises(ValueError, match="empty"):
@@ -132,3 +138,18 @@ def test_prompt_extraction(tmp_path):
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         read_prompts(bad)
     assert len(read_prompts(bad, limit=1)) == 1
+
+
+def test_evaluate_static_engine_reports_like_hf():
+    """The static engine reports what the reference loops report (same tokens, same tau)."""
+    target = Target(tiny_qwen3(vocab=128))
+    rng = random.Random(5)
+    drafter = tiny_drafter(target, block_size=4, seed=4)[0]
+    ids = [[rng.randrange(127) for _ in range(rng.randint(1, 12))] for _ in range(3)]
+    hf = evaluate(target, drafter, ids, max_new_tokens=20, stop_token_ids=[], engine="hf")
+    static = evaluate(target, drafter, ids, max_new_tokens=20, stop_token_ids=[], engine="static")
+    assert static["engine"] == "static" and static["lossless"]["ok"]
+    for key in ("mean_tau", "tau_per_prompt", "num_verify_steps"):
+        assert static[key] == hf[key], key
+    with pytest.raises(ValueError, match="greedily only"):
+        evaluate(target, drafter, ids, max_new_tokens=4, temperature=0.7, baseline=False, engine="static")

@@ -16,13 +16,13 @@ import pytest
 import torch
 from transformers import AutoModel, DynamicCache
 
-from dflash_train.eval.speculative import (
-    DFlashProposer,
+from dflash_train.decoding.speculative import (
     DrafterContextCache,
     speculative_generate,
     target_generate,
 )
 from dflash_train.export.serving import export_drafter
+from dflash_train.models.attention import decode_masks
 from dflash_train.models.target import Target
 
 _spec = importlib.util.spec_from_file_location("_dflash_root_conftest_authors", Path(__file__).parents[1] / "conftest.py")
@@ -53,7 +53,6 @@ def test_authors_forward_call_with_dynamic_cache(tmp_path, variant):
     target = Target(tiny_qwen3())
     drafter, cfg, model, _ = exported(tmp_path, target, block_size=4, **VARIANTS[variant])
     b, h = cfg.block_size, cfg.hidden_size * len(cfg.target_layer_ids)
-    proposer = DFlashProposer(target, drafter)  # its _masks are eval's reference masks
     g = torch.Generator().manual_seed(0)
     hf_cache, ours = DynamicCache(), DrafterContextCache()
     start, new = 0, 6
@@ -66,7 +65,8 @@ def test_authors_forward_call_with_dynamic_cache(tmp_path, variant):
             got = model(target_hidden=feats, noise_embedding=embeds, position_ids=positions,
                         past_key_values=hf_cache, use_cache=True, is_causal=False)[:, 1 - b:, :]
             want = drafter(embeds, feats, torch.arange(start, start + b)[None], torch.arange(start - new, start)[None],
-                           masks=proposer._masks(start, b, "cpu"), cache=ours)[:, 1:]
+                           masks=decode_masks(drafter.layer_types, start, start, b, drafter.sliding_window),
+                           cache=ours)[:, 1:]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
         assert hf_cache.get_seq_length() == start  # context only: the authors' crop(start) removes nothing
         hf_cache.crop(0)  # what crop(start) is on a transformers that takes "tokens to remove"
@@ -176,8 +176,8 @@ def _record_norm_outputs(module):
 def test_spec_generate_equals_dflash_train_eval_on_smollm2(tmp_path, smollm2):
     """AutoModel.from_pretrained(export).spec_generate gives the tokens, the acceptance lengths and,
     step by step, the drafter states of `dflash-train eval`'s decoders (greedy, float32)."""
+    from dflash_train.decoding.static import StaticDecoder
     from dflash_train.eval.loader import load_drafter_folder
-    from dflash_train.eval.static import StaticDecoder
 
     target, ids = smollm2
     drafter, cfg = tiny_drafter(target, num_layers=2, block_size=4, num_target_features=3)

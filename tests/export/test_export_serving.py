@@ -228,8 +228,8 @@ def test_inconsistent_aux_layer_ids_refused(tmp_path):
 def test_default_export_is_bfloat16_and_eval_upcasts(tmp_path):
     """export_drafter without dtype writes bf16; eval's loader reads it into a float32 target's dtype,
     and speculative decoding with it is still lossless."""
+    from dflash_train.decoding.speculative import speculative_generate, target_generate
     from dflash_train.eval.loader import load_drafter_folder as eval_load
-    from dflash_train.eval.speculative import speculative_generate, target_generate
 
     target, drafter, cfg = make()
     out = export_drafter(drafter, cfg, tmp_path / "e")

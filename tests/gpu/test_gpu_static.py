@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-from dflash_train.eval.speculative import speculative_generate, target_generate
-from dflash_train.eval.static import StaticDecoder
+from dflash_train.decoding.speculative import speculative_generate, target_generate
+from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
 from dflash_train.testing import tiny_drafter, tiny_qwen3
 

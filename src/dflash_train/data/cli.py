@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     regen.add_argument("--strict", action="store_true", help="stop at the first bad record")
     regen.add_argument("--seed", type=int, default=0)
     regen.add_argument("--backend", choices=["hf", "static"], default="hf",
-                       help="hf: transformers generate; static: fast static-cache batched decoding (data/fastgen.py)")
+                       help="hf: transformers generate; static: fast static-cache batched decoding (decoding/batched.py)")
     regen.add_argument("--max-batch", type=int, default=1024, help="static backend: rows per decode bucket")
     regen.add_argument("--gen-mode", choices=["auto", "eager", "cudagraph", "compile"], default="auto",
                        help="static backend: decode step on CUDA (auto = cudagraph; CPU is always eager)")
@@ -73,7 +73,7 @@ def cmd_regenerate(args) -> int:
     resolve_files(args.data)  # fail fast on missing input before loading the model
     torch.manual_seed(args.seed)
     if getattr(args, "backend", "hf") == "static":
-        from .fastgen import StaticCacheGenerator
+        from dflash_train.decoding.batched import StaticCacheGenerator
 
         generator = StaticCacheGenerator(args.target, dtype=args.dtype, device=args.device,
                                          max_batch=args.max_batch, mode=args.gen_mode)

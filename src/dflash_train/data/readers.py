@@ -1,7 +1,8 @@
 """Read chat data from JSONL / JSON / Parquet files, folders of them, or ``save_to_disk`` folders.
 
 Every format is normalised to ``Record(id, location, messages)`` where ``messages`` is a
-list of ``{"role", "content"}`` dicts (assistant messages may carry ``reasoning_content``).
+list of ``{"role", "content"}`` dicts (assistant messages may carry ``reasoning_content``);
+the record schemas themselves are parsed in :mod:`.records`.
 JSONL is read line by line in binary so that malformed JSON and non-UTF-8 bytes are
 reported with ``file:line``; JSON arrays, Parquet rows and Arrow rows are reported as
 ``file:N`` with N the 1-based record number.
@@ -15,13 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DataError, SkipReport, handle
+from .records import normalize
 
-ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "model": "assistant", "bing": "assistant", "function_call": "assistant", "system": "system",
-    "tool": "tool", "function": "tool", "function_response": "tool", "observation": "tool",
-}
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -159,85 +155,3 @@ def _arrow_rows(path: Path) -> Iterator[tuple[str, object]]:
             keys = list(batch)
             for j in range(len(batch[keys[0]]) if keys else 0):
                 yield f"{prefix}:{start + j + 1}", {k: batch[k][j] for k in keys}
-
-
-def normalize(raw: object, location: str) -> list[dict]:
-    """Turn one raw record into checked ``{"role", "content"}`` messages or raise ``DataError``."""
-    if not isinstance(raw, dict):
-        raise DataError(location, "<record>", "not_an_object", f"got {type(raw).__name__}")
-    if raw.get("messages") is not None:
-        messages = _openai(raw["messages"], location)
-    elif raw.get("conversations") is not None:
-        messages = _sharegpt(raw["conversations"], location)
-    elif "prompt" in raw or "response" in raw:
-        messages = _prompt_response(raw, location)
-    else:
-        raise DataError(location, "messages", "missing_field", "need messages, conversations or prompt/response")
-    if not messages:
-        raise DataError(location, "messages", "empty_conversation")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise DataError(location, "messages", "no_assistant_turn")
-    return messages
-
-
-def _turns(items: object, location: str, field: str):
-    """(``field[i]``, turn) for a list of turn objects; a clear error for anything else."""
-    if not isinstance(items, list):
-        raise DataError(location, field, "wrong_type", f"expected a list, got {type(items).__name__}")
-    for i, item in enumerate(items):
-        name = f"{field}[{i}]"
-        if not isinstance(item, dict):
-            raise DataError(location, name, "wrong_type", "expected an object")
-        yield name, item
-
-
-def _openai(items: object, location: str) -> list[dict]:
-    out = []
-    for name, item in _turns(items, location, "messages"):
-        role = _text(item.get("role"), location, f"{name}.role")
-        if role not in ROLES:
-            raise DataError(location, f"{name}.role", "unknown_role", repr(role))
-        msg = {"role": role, "content": _content(item.get("content"), location, f"{name}.content", role)}
-        reasoning = item.get("reasoning_content")
-        if role == "assistant" and reasoning is not None:
-            msg["reasoning_content"] = _text(reasoning, location, f"{name}.reasoning_content")
-        if role == "assistant" and isinstance(item.get("tool_calls"), list):
-            msg["tool_calls"] = item["tool_calls"]  # rendered by the template as context, not supervised
-        out.append(msg)
-    return out
-
-
-def _sharegpt(items: object, location: str) -> list[dict]:
-    out = []
-    for name, item in _turns(items, location, "conversations"):
-        who = _text(item.get("from"), location, f"{name}.from")
-        if who not in SHAREGPT_ROLES:
-            raise DataError(location, f"{name}.from", "unknown_role", repr(who))
-        out.append({"role": SHAREGPT_ROLES[who], "content": _text(item.get("value"), location, f"{name}.value")})
-    return out
-
-
-def _prompt_response(raw: dict, location: str) -> list[dict]:
-    prompt = _text(raw.get("prompt"), location, "prompt")
-    response = _text(raw.get("response"), location, "response")
-    messages = []
-    if raw.get("system") is not None:
-        messages.append({"role": "system", "content": _text(raw["system"], location, "system")})
-    return messages + [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-
-
-def _text(value: object, location: str, name: str) -> str:
-    if value is None:
-        raise DataError(location, name, "missing_field")
-    if not isinstance(value, str):
-        raise DataError(location, name, "wrong_type", f"expected a string, got {type(value).__name__}")
-    return value
-
-
-def _content(value: object, location: str, name: str, role: str) -> str:
-    """OpenAI content: a string, a list of ``{"type": "text", "text"}`` parts, or null for tool calls."""
-    if value is None and role == "assistant":
-        return ""
-    if isinstance(value, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value):
-        return "".join(p["text"] for p in value)
-    return _text(value, location, name)

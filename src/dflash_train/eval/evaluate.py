@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_train.eval.speculative import GenResult, SpecResult, speculative_generate, target_generate
+from dflash_train.decoding.speculative import GenResult, SpecResult, speculative_generate, target_generate
 
 # Largest gap (plain decode's top-1 logit minus the logit of the token speculative decoding
 # chose) that still counts as a rounding near-tie at the first divergence.
@@ -134,8 +134,8 @@ def evaluate(
     (default: on when ``baseline`` and greedy) compares the two token for token.
     ``stop_token_ids`` defaults to the target's eos ids. Returns a JSON-able dict;
     ``report["lossless"]["ok"]`` is False on any failed prompt. ``engine`` "hf" runs the
-    reference loops of :mod:`.speculative` (Hugging Face cache, any temperature); "static"
-    runs :class:`~.static.StaticDecoder` (greedy only; CUDA graphs on GPU), which measures
+    reference loops of :mod:`dflash_train.decoding.speculative` (Hugging Face cache, any temperature); "static"
+    runs :class:`~dflash_train.decoding.static.StaticDecoder` (greedy only; CUDA graphs on GPU), which measures
     decoding speed without most of the Python overhead of a small target; "auto" picks
     "static" when greedy and "hf" otherwise.
     """
@@ -171,7 +171,7 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
         raise ValueError(f"engine must be 'auto', 'hf' or 'static', got {engine!r}")
     if common["temperature"] > 0:
         raise ValueError("engine 'static' decodes greedily only: use temperature 0 or engine 'hf'")
-    from .static import StaticDecoder
+    from dflash_train.decoding.static import StaticDecoder
 
     longest = max(p.shape[1] for p in prompts)
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,

@@ -1,8 +1,9 @@
 """Evaluation prompts: chat JSONL/JSON files or plain text (one prompt per line).
 
-Chat records may use OpenAI ``messages`` (role/content), ShareGPT ``conversations``
-(from/value) or a ``prompt`` field (a string or a message list). The prompt is the
-conversation up to, and excluding, its last assistant turn.
+Chat records are parsed by :func:`dflash_train.data.records.prompt_messages`, the same
+record schemas and role table as training data: OpenAI ``messages``, ShareGPT
+``conversations``, or a ``prompt`` (a string or a message list, with or without a
+response). The prompt is the conversation up to, and excluding, its last assistant turn.
 """
 
 from __future__ import annotations
@@ -11,60 +12,12 @@ import json
 import os
 from pathlib import Path
 
-SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "model": "assistant", "bing": "assistant", "system": "system", "tool": "tool", "function": "tool",
-    "observation": "tool", "function_call": "assistant",
-}
-
-
-def _message(raw, where: str) -> dict:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: a message must be an object, got {type(raw).__name__}")
-    if "role" in raw:
-        role, content = raw["role"], raw.get("content")
-    elif "from" in raw:
-        role = SHAREGPT_ROLES.get(str(raw["from"]).lower())
-        if role is None:
-            raise ValueError(f"{where}: unknown ShareGPT speaker {raw['from']!r}")
-        content = raw.get("value")
-    else:
-        raise ValueError(f"{where}: a message needs 'role'/'content' or 'from'/'value'")
-    if isinstance(content, list):  # OpenAI content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if not isinstance(content, str):
-        raise ValueError(f"{where}: message content must be text")
-    return {"role": role, "content": content}
+from dflash_train.data.records import prompt_messages
 
 
 def record_prompt(record, where: str) -> list[dict]:
-    """The prompt messages of one chat record."""
-    if isinstance(record, str):
-        return [{"role": "user", "content": record}]
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: expected an object, got {type(record).__name__}")
-    if "messages" in record:
-        raw = record["messages"]
-    elif "conversations" in record:
-        raw = record["conversations"]
-    elif "prompt" in record:
-        raw = record["prompt"]
-        if isinstance(raw, str):
-            raw = [{"role": "user", "content": raw}]
-    else:
-        raise ValueError(f"{where}: no 'messages', 'conversations' or 'prompt' field")
-    if not isinstance(raw, list):
-        raise ValueError(f"{where}: the conversation must be a list of messages")
-    messages = [_message(m, where) for m in raw]
-    system = record.get("system")
-    if isinstance(system, str) and system and (not messages or messages[0]["role"] != "system"):
-        messages.insert(0, {"role": "system", "content": system})
-    last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last_assistant is not None:
-        messages = messages[:last_assistant]
-    if not any(m["role"] != "system" for m in messages):
-        raise ValueError(f"{where}: the prompt part (before the last assistant turn) is empty")
-    return messages
+    """The prompt messages of one chat record (the data readers' schemas and role table)."""
+    return prompt_messages(record, where)
 
 
 def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[list[dict]]:

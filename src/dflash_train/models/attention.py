@@ -115,6 +115,32 @@ def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, device) -
     return mask_mod(b, h, q, kv)
 
 
+def decode_masks(
+    layer_types, anchor, context_len: int, block_size: int, sliding_window: int | None = None, device=None,
+) -> dict[str, torch.Tensor | None]:
+    """The drafter's masks for one decoding step: the training mask_mods for a single block.
+
+    Queries: the block at positions ``anchor .. anchor+B-1``; keys: ``context_len``
+    context keys (key ``k`` holds position ``k``), then the block. Building them from
+    :func:`mask_mods` makes inference see exactly what training taught: context strictly
+    before the anchor (so a static cache's stale or scratch slots at or after it stay
+    hidden), the whole block for full layers, window + causal block for sliding ones.
+
+    ``anchor``: a Python int, or a one-element device tensor (a CUDA-graphed step reads it
+    without a host sync). When it is an int and the whole context precedes it (a cache
+    that grows with the committed tokens), full layers get ``None``: every key is
+    visible, and the no-mask attention path is the one the reference decoder measures.
+    Returns ``{layer type: [1, 1, B, context_len + B] bool or None}``.
+    """
+    anchors = torch.as_tensor(anchor, dtype=torch.long, device=device).view(1, 1)
+    keep = torch.ones(1, 1, dtype=torch.bool, device=anchors.device)
+    mods = mask_mods(list(layer_types), anchors, keep, context_len, block_size, sliding_window)
+    all_visible = isinstance(anchor, int) and context_len <= anchor
+    return {name: None if name == FULL_ATTENTION and all_visible
+            else dense_mask(mod, 1, block_size, context_len + block_size, anchors.device)
+            for name, mod in mods.items()}
+
+
 def flex_block_masks(
     layer_types: tuple[str, ...], anchors, keep, context_len: int, block_size: int, sliding_window: int | None,
     starts=None,

@@ -301,7 +301,7 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
 
 def make_generator(target: str, backend: str, device: str | None, dtype: str, batch_size: int):
     if backend == "static":
-        from dflash_train.data.fastgen import StaticCacheGenerator
+        from dflash_train.decoding.batched import StaticCacheGenerator
 
         return StaticCacheGenerator(target, dtype=dtype, device=device, max_batch=batch_size)
     from dflash_train.data.generators import HFGenerator

@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from dflash_train.data.fastgen import StaticCacheGenerator
 from dflash_train.data.generators import HFGenerator, SamplingParams
+from dflash_train.decoding.batched import StaticCacheGenerator
 from dflash_train.recipes.prompts import PromptSet, seed_prompts
 
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from dflash_train.eval.speculative import (
+from dflash_train.decoding.speculative import (
     DFlashProposer,
     DrafterContextCache,
     greedy_accept,

@@ -12,8 +12,8 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from dflash_train.data.fastgen import StaticCacheGenerator  # noqa: E402
 from dflash_train.data.generators import SamplingParams  # noqa: E402
+from dflash_train.decoding.batched import StaticCacheGenerator  # noqa: E402
 from dflash_train.testing import tiny_qwen3  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_grouped_decode_attention_equals_repeated_kv_sdpa():
     """One query token on K/V heads == the stock path that repeats K/V per query head."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
-    from dflash_train.data.fastgen import grouped_decode_attention
+    from dflash_train.decoding.batched import grouped_decode_attention
 
     gen = torch.Generator().manual_seed(0)
     b, kv_heads, group, length, dim = 3, 2, 3, 10, 8

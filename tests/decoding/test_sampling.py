@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_train.eval.speculative import speculative_accept, speculative_generate, warp
+from dflash_train.decoding.speculative import speculative_accept, speculative_generate, warp
 from dflash_train.models.target import Target
 from dflash_train.testing import tiny_drafter, tiny_qwen3
 

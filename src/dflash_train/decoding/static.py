@@ -6,7 +6,7 @@ Python, not on the GPU. Each Hugging Face forward of SmolLM2-135M (30 layers) co
 speedup and the evaluation's wall time measure launch overhead. Here every per-token
 step has a fixed shape, so on CUDA it is captured once as a CUDA graph and replayed:
 
-* target: K/V in :class:`~dflash_train.data.fastgen.KVBuffers` of a fixed length ``L``;
+* target: K/V in :class:`~.cache.KVBuffers` of a fixed length ``L``;
   a step writes ``q`` new positions (1 for plain decoding, ``B`` for verification) and
   masks keys after each query's position, so stale entries (rejected drafts) are never
   seen and are overwritten by the next step. No crop is needed;
@@ -31,10 +31,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from dflash_train.data.fastgen import KVBuffers, capture_cuda_graph
 from dflash_train.hf_compat import cache_kwarg
-from dflash_train.models.config import SLIDING_ATTENTION
+from dflash_train.models.attention import decode_masks
 
+from .cache import KVBuffers, capture_cuda_graph
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
@@ -113,7 +113,6 @@ class StaticDecoder:
         self.dcache = StaticDrafterCache(len(drafter.layers), first.num_kv_heads, first.head_dim, self.max_len + 1,
                                          self.drafter_dtype, self.device)
         self.cols = torch.arange(self.max_len, device=self.device)
-        self.slot_cols = torch.arange(self.max_len + 1, device=self.device)  # drafter slots; the last is scratch
         self._inputs()
         self.verify_step = _Graphed(lambda: self._target(self.verify_ids, self.verify_pos, self.layer_ids),
                                     self.use_graph)
@@ -160,22 +159,15 @@ class StaticDecoder:
         block_ids = torch.cat([anchor, self.mask_ids], dim=1)
         embeds = self.target.embed(block_ids).to(self.drafter_dtype)
         hidden = self.drafter(embeds, features.to(self.drafter_dtype), block_pos, ctx_pos.clamp(min=0),
-                              masks=self._masks(p, block_pos[0]), cache=self.dcache)
+                              masks=self._masks(p), cache=self.dcache)
         weight = self.target.lm_head_weight
         return F.linear(hidden[0, 1:].to(weight.dtype), weight).float().argmax(-1)
 
-    def _masks(self, p: torch.Tensor, block_pos: torch.Tensor) -> dict:
-        """[1, 1, B, slots + B] bool: context slots before the anchor (never the scratch
-        slot); the whole block for full layers; window + causal block for sliding ones."""
-        ctx = (self.slot_cols < p)[None, :].expand(self.block, -1)
-        full = torch.cat([ctx, torch.ones(self.block, self.block, dtype=torch.bool, device=self.device)], 1)
-        masks = {"full_attention": full[None, None]}
-        if SLIDING_ATTENTION in self.drafter.layer_types:
-            window = int(self.drafter.sliding_window)
-            near = self.slot_cols[None, :] > block_pos[:, None] - window
-            causal = self.offsets[None, :] <= self.offsets[:, None]
-            masks[SLIDING_ATTENTION] = torch.cat([ctx & near, causal], 1)[None, None]
-        return masks
+    def _masks(self, p: torch.Tensor) -> dict:
+        """The block anchored at ``p`` over every drafter slot: slots at or after ``p``
+        (stale context, the scratch slot) are hidden by the anchor rule."""
+        return decode_masks(self.drafter.layer_types, p, self.max_len + 1, self.block,
+                            self.drafter.sliding_window, self.device)
 
     # ------------------------------------------------------------------ decoding
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from dflash_train.eval.speculative import DFlashProposer, speculative_generate, target_generate
-from dflash_train.eval.static import StaticDecoder
+from dflash_train.decoding.speculative import DFlashProposer, speculative_generate, target_generate
+from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
 from dflash_train.testing import tiny_drafter, tiny_qwen3
 
@@ -94,16 +94,3 @@ def test_length_and_mode_checks(target):
     with pytest.raises(ValueError, match="cudagraph"):
         StaticDecoder(target, drafter, max_len=32, mode="cudagraph")
 
-
-def test_evaluate_static_engine_reports_like_hf(target):
-    from dflash_train.eval.evaluate import evaluate
-
-    drafter = tiny_drafter(target, block_size=4, seed=4)[0]
-    ids = [p[0].tolist() for p in prompts(3, seed=5)]
-    hf = evaluate(target, drafter, ids, max_new_tokens=20, stop_token_ids=[], engine="hf")
-    static = evaluate(target, drafter, ids, max_new_tokens=20, stop_token_ids=[], engine="static")
-    assert static["engine"] == "static" and static["lossless"]["ok"]
-    for key in ("mean_tau", "tau_per_prompt", "num_verify_steps"):
-        assert static[key] == hf[key], key
-    with pytest.raises(ValueError, match="greedily only"):
-        evaluate(target, drafter, ids, max_new_tokens=4, temperature=0.7, baseline=False, engine="static")

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_train.hf_compat import cache_kwarg
-from dflash_train.models.config import SLIDING_ATTENTION
+from dflash_train.models.attention import decode_masks
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,23 +130,10 @@ class DFlashProposer:
         block_embeds = self.target.embed(block_ids).to(dtype)
         block_pos = torch.arange(p, p + num_draft + 1, device=device).unsqueeze(0)
         ctx_pos = torch.arange(p - m, p, device=device).unsqueeze(0)
-        masks = self._masks(p, num_draft + 1, device)
+        masks = decode_masks(self.drafter.layer_types, p, p, num_draft + 1, self.drafter.sliding_window, device)
         hidden = self.drafter(block_embeds, new_features.to(dtype), block_pos, ctx_pos, masks=masks, cache=self.cache)
         weight = self.target.lm_head_weight
         return F.linear(hidden[0, 1:].to(weight.dtype), weight).float()
-
-    def _masks(self, p: int, q_len: int, device):
-        """Full layers: everything visible (None). Sliding layers: context keys within
-        the window of the query's real position, causal inside the block."""
-        if SLIDING_ATTENTION not in self.drafter.layer_types:
-            return None
-        window = int(self.drafter.sliding_window)
-        offset = torch.arange(q_len, device=device).view(q_len, 1)
-        ctx = torch.arange(p, device=device).view(1, p)
-        sees_ctx = ctx > (p + offset) - window
-        blk = torch.arange(q_len, device=device).view(1, q_len) <= offset
-        sliding = torch.cat([sees_ctx, blk], dim=1).view(1, 1, q_len, p + q_len)
-        return {"full_attention": None, SLIDING_ATTENTION: sliding}
 
 
 def _cfg(config, name, default=None):
