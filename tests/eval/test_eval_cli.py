@@ -153,3 +153,15 @@ def test_evaluate_static_engine_reports_like_hf():
         assert static[key] == hf[key], key
     with pytest.raises(ValueError, match="greedily only"):
         evaluate(target, drafter, ids, max_new_tokens=4, temperature=0.7, baseline=False, engine="static")
+
+
+def test_eval_options_are_checked_and_exclusive(tiny_target):
+    """``evaluate`` takes an EvalOptions or its fields (not both); bad values are one clear error."""
+    from dflash_train.eval.evaluate import EvalOptions, evaluate
+
+    with pytest.raises(ValueError, match="engine must be"):
+        EvalOptions(engine="fast")
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        EvalOptions(max_new_tokens=0)
+    with pytest.raises(ValueError, match="either an EvalOptions or its fields"):
+        evaluate(tiny_target, None, [[1, 2]], EvalOptions(), baseline=False)

@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from dflash_train.eval.evaluate import evaluate, format_table, write_report
+    from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
     from dflash_train.eval.loader import load_drafter_folder
     from dflash_train.eval.prompts import encode_prompts, read_prompts
     from dflash_train.models.target import Target
@@ -65,11 +65,10 @@ def run(args: argparse.Namespace) -> int:
     check = baseline and args.temperature == 0 and not args.no_lossless_check
     print(f"eval: {len(ids)} prompts, target {args.target} ({dtype_name}, {device}), drafter {args.drafter}, "
           f"block {args.block_size or drafter.block_size}, T={args.temperature}", file=sys.stderr)
-    report = evaluate(
-        target, drafter, ids, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-        temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-        seed=args.seed, progress=True, engine=args.engine,
-    )
+    options = EvalOptions(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                          temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
+                          seed=args.seed, progress=True, engine=args.engine)
+    report = evaluate(target, drafter, ids, options)
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)
     print(format_table(report))

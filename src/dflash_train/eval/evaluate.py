@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -109,43 +110,55 @@ def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size:
 
 
 @torch.no_grad()
-def evaluate(
-    target,
-    drafter,
-    prompts_token_ids,
-    max_new_tokens: int = 128,
-    block_size: int | None = None,
-    temperature: float = 0.0,
-    top_p: float | None = None,
-    stop_token_ids=None,
-    baseline: bool = True,
-    lossless_check: bool | None = None,
-    tie_tolerance: float | None = None,
-    seed: int = 0,
-    warmup: bool = True,
-    progress: bool = False,
-    engine: str = "hf",
-) -> dict:
+@dataclass
+class EvalOptions:
+    """How ``evaluate`` decodes and what it measures (defaults: greedy, 128 new tokens,
+    the drafter's own block size, a target-only baseline with the lossless check)."""
+
+    max_new_tokens: int = 128
+    block_size: int | None = None
+    temperature: float = 0.0
+    top_p: float | None = None
+    stop_token_ids: list[int] | None = None
+    baseline: bool = True
+    lossless_check: bool | None = None
+    tie_tolerance: float | None = None
+    seed: int = 0
+    warmup: bool = True
+    progress: bool = False
+    engine: str = "hf"
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.engine not in ("auto", "hf", "static"):
+            raise ValueError(f"engine must be 'auto', 'hf' or 'static', got {self.engine!r}")
+
+
+def evaluate(target, drafter, prompts_token_ids, options: EvalOptions | None = None, **fields) -> dict:
     """Speculative decoding over ``prompts_token_ids`` (list of 1-D token id lists/tensors).
 
     ``drafter``: a loaded :class:`DFlashDrafter` (unwrap DDP/compile first) or a
     ``Proposer``; its train/eval mode is restored afterwards. ``baseline`` also decodes
     every prompt with the target alone (tokens/s and speedup); ``lossless_check``
     (default: on when ``baseline`` and greedy) compares the two token for token.
-    ``stop_token_ids`` defaults to the target's eos ids. Returns a JSON-able dict;
+    ``stop_token_ids`` defaults to the target's eos ids. Options come as an ``EvalOptions`` or
+    as its field names (``evaluate(t, d, ids, max_new_tokens=64, baseline=False)``). Returns a JSON-able dict;
     ``report["lossless"]["ok"]`` is False on any failed prompt. ``engine`` "hf" runs the
     reference loops of :mod:`dflash_train.decoding.speculative` (Hugging Face cache, any temperature); "static"
     runs :class:`~dflash_train.decoding.static.StaticDecoder` (greedy only; CUDA graphs on GPU), which measures
     decoding speed without most of the Python overhead of a small target; "auto" picks
     "static" when greedy and "hf" otherwise.
     """
-    engine = resolve_engine(engine, temperature)
+    opts = options or EvalOptions(**fields)
+    if options is not None and fields:
+        raise ValueError("pass either an EvalOptions or its fields, not both")
+    opts = replace(opts, engine=resolve_engine(opts.engine, opts.temperature))
     was_training = getattr(drafter, "training", None)
     if was_training:
         drafter.eval()
     try:
-        return _evaluate(target, drafter, prompts_token_ids, max_new_tokens, block_size, temperature, top_p,
-                         stop_token_ids, baseline, lossless_check, tie_tolerance, seed, warmup, progress, engine)
+        return _evaluate(target, drafter, prompts_token_ids, opts)
     finally:
         if was_training:
             drafter.train()
@@ -181,8 +194,11 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
 
 
-def _evaluate(target, drafter, prompts, max_new_tokens, block_size, temperature, top_p, stop_token_ids,
-              baseline, lossless_check, tie_tolerance, seed, warmup, progress, engine) -> dict:
+def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
+    max_new_tokens, block_size, temperature, top_p = opts.max_new_tokens, opts.block_size, opts.temperature, opts.top_p
+    stop_token_ids, baseline, lossless_check, tie_tolerance = (opts.stop_token_ids, opts.baseline,
+                                                               opts.lossless_check, opts.tie_tolerance)
+    seed, warmup, progress, engine = opts.seed, opts.warmup, opts.progress, opts.engine
     device = target.device
     stop = default_stop_token_ids(target) if stop_token_ids is None else [int(t) for t in stop_token_ids]
     greedy = temperature <= 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dflash_train.eval.evaluate import evaluate
+from dflash_train.eval.evaluate import EvalOptions, evaluate
 from dflash_train.eval.prompts import encode_prompts, read_prompts
 from dflash_train.recipes.offline_data import heldout_prompts_path
 
@@ -36,9 +36,9 @@ class HeldoutEvaluator:
         tau = None
         if trainer.ranks.is_main:
             with torch.compiler.set_stance("force_eager"):  # no tracing, no new graphs
-                report = evaluate(trainer.target, trainer.drafter, self.prompt_ids,
-                                  max_new_tokens=self.max_new_tokens, baseline=False, lossless_check=False,
-                                  warmup=False)
+                options = EvalOptions(max_new_tokens=self.max_new_tokens, baseline=False, lossless_check=False,
+                                      warmup=False)
+                report = evaluate(trainer.target, trainer.drafter, self.prompt_ids, options)
             tau = report["mean_tau"]
             record = {"step": trainer.counters.step, "tau": tau,
                       "per_position_acceptance": report["per_position_acceptance"]}
