@@ -56,6 +56,7 @@ import torch.distributed as dist
 from dflash_train.bench.flops import Shape, step_flops
 from dflash_train.config import OptimConfig
 from dflash_train.data.batching import MicroBatch
+from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -104,14 +105,13 @@ class BenchConfig:
         seq, anchors = TINY_DEFAULTS if self.target_config == "tiny" else REFERENCE_DEFAULTS
         out.seq_len = out.seq_len or seq
         out.num_anchors = out.num_anchors or anchors
-        device = _device(out.device)
+        device = resolve_device(out.device, "bench --device")
         out.device = str(device)
         if out.attention == "auto":
             out.attention = "flex" if device.type == "cuda" else "sdpa"
         if out.compile is None:
             out.compile = device.type == "cuda"
-        if out.dtype == "auto":
-            out.dtype = "bfloat16" if device.type == "cuda" else "float32"
+        out.dtype = str(resolve_dtype(out.dtype, device)).removeprefix("torch.")
         if out.profile_steps is None:
             out.profile_steps = min(out.steps, 3)
         out.prompt_len = min(out.prompt_len, max(0, out.seq_len - out.block_size - 2))
@@ -138,12 +138,6 @@ def _indexed(device: torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -287,7 +281,7 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     world, rank = (env.world, env.rank) if env is not None else (1, 0)
     if rank != 0:
         log = _noop
-    device = _indexed(torch.device(cfg.device))
+    device = _indexed(resolve_device(cfg.device, "bench --device"))
     dtype = getattr(torch, cfg.dtype)
     if device.type == "cuda":
         torch.cuda.set_device(device)

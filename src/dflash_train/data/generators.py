@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_train.devices import resolve_device, resolve_dtype
+
 
 @dataclass
 class SamplingParams:
@@ -49,7 +51,7 @@ class HFGenerator(Generator):
     def __init__(self, path: str, dtype: str = "auto", device: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = str(resolve_device(device, "--device"))
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if not self.tokenizer.chat_template:
             raise ValueError(f"target tokenizer at {path} has no chat template")
@@ -62,11 +64,7 @@ class HFGenerator(Generator):
         self.stop_ids = {int(e) for e in eos if e is not None}
 
     def _dtype(self, name: str) -> torch.dtype:
-        if name == "auto":  # bf16 on GPU; fp32 on CPU where bf16 matmuls are slow
-            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        if not hasattr(torch, name) or not isinstance(getattr(torch, name), torch.dtype):
-            raise ValueError(f"unknown dtype {name!r}: use auto, bfloat16, float16 or float32")
-        return getattr(torch, name)
+        return resolve_dtype(name, self.device)
 
     def _render(self, messages: list[dict], params: SamplingParams) -> str:
         extra = {} if params.thinking is None else {"enable_thinking": params.thinking}

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dflash_train.devices import resolve_device
 from dflash_train.distributed.groups import default_backend
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -62,7 +63,7 @@ def init_from_env(device_name: str = "auto") -> DistEnv:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    use_cuda = resolve_device(device_name).type == "cuda"
     device = torch.device("cpu")
     if use_cuda:
         device = torch.device("cuda", local_rank)

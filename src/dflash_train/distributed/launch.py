@@ -15,6 +15,7 @@ import sys
 import torch.distributed as dist
 
 from dflash_train.config import JobConfig, load_config
+from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.distributed import watchdog
 from dflash_train.distributed.common import AgreedRanks
 from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
@@ -24,7 +25,6 @@ from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import train
 from dflash_train.train.parallelize import DataParallel, parallelize_target
 from dflash_train.train.timings import Timings
-from dflash_train.train.trainer import resolve_device, resolve_dtype
 
 
 def _load_target(cfg: JobConfig, target, device):

@@ -42,6 +42,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from dflash_train.devices import resolve_device
     from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
     from dflash_train.eval.loader import load_drafter_folder
     from dflash_train.eval.prompts import encode_prompts, read_prompts
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-new-tokens must be >= 1")
     if args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(args.device, "--device"))
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
 

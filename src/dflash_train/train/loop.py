@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dflash_train.config import JobConfig
 from dflash_train.data.readers import resolve_files
+from dflash_train.devices import resolve_device
 from dflash_train.train.checkpoint import (
     check_run_folder,
     load_checkpoint,
@@ -22,7 +23,7 @@ from dflash_train.train.checkpoint import (
     save_checkpoint,
 )
 from dflash_train.train.compilation import FirstStep
-from dflash_train.train.trainer import RankInfo, Trainer, resolve_device
+from dflash_train.train.trainer import RankInfo, Trainer
 
 
 class Every:

@@ -14,6 +14,7 @@ import torch
 
 from dflash_train.config import JobConfig
 from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
+from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -26,22 +27,6 @@ from dflash_train.train.parallelize import DataParallel, parallelize_drafter
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import Anchors, StepResult, TrainStep
 from dflash_train.train.timings import TimedLogger, Timings
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name}: CUDA is not available here (torch {torch.__version__}); "
-                         f"use train.device=cpu or auto")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 @dataclass

@@ -1,0 +1,27 @@
+"""``auto`` devices and dtypes, resolved in one place for every command.
+
+``auto`` device: CUDA when available, else the CPU. ``auto`` dtype: bf16 on CUDA (the
+tensor cores' format), float32 elsewhere (CPU bf16 matmuls are slow and less exact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str | None, what: str = "train.device") -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{what}={name}: CUDA is not available here (torch {torch.__version__}); "
+                         f"use cpu or auto")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if not isinstance(getattr(torch, name, None), torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}: use auto, bfloat16, float16 or float32")
+    return getattr(torch, name)
