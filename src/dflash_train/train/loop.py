@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dflash_train.config import JobConfig
 from dflash_train.data.readers import resolve_files
+from dflash_train.run_folder import CONFIG, SUMMARY
 from dflash_train.train.checkpoint import (
     check_run_folder,
     load_checkpoint,
@@ -47,7 +48,7 @@ def write_run_config(trainer: Trainer) -> None:
         return
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**trainer.cfg.to_dict(), "drafter_resolved": trainer.drafter_cfg.to_dict()}
-    (trainer.run_dir / "config.json").write_text(json.dumps(resolved, indent=1))
+    (trainer.run_dir / CONFIG).write_text(json.dumps(resolved, indent=1))
 
 
 def preflight(cfg: JobConfig, echo=print) -> Path | None:
@@ -117,7 +118,7 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, wrap=None,
         summary["tau_after"] = evaluator(trainer)
     trainer.logger.close()
     if trainer.ranks.is_main:
-        (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
         prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
     if result["stopped_early"]:
         trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
