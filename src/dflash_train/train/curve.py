@@ -73,7 +73,7 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", help=f"run folders (each with {METRICS})")
     parser.add_argument("--label", action="append", default=None, help="one per run (default: folder names)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
