@@ -57,10 +57,11 @@ def preflight(cfg: JobConfig, echo=print) -> Path | None:
     to resume exists and verifies. Returns that checkpoint."""
     resolve_device(cfg.train.device)
     resolve_files(cfg.data.paths)
-    if cfg.eval.prompts and cfg.eval.prompts != "heldout":
+    if cfg.eval.prompts:
+        from dflash_train.data.prompt_sets import resolve_prompts
         from dflash_train.eval.prompts import read_prompts
 
-        read_prompts(cfg.eval.prompts, limit=cfg.eval.num_prompts)
+        read_prompts(resolve_prompts(cfg.eval.prompts), limit=cfg.eval.num_prompts)
     run_dir = Path(cfg.train.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
