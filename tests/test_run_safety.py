@@ -12,8 +12,8 @@ import torch
 from test_train import job, losses, tiny_target
 
 from dflash_train.config import config_from_dict, load_config
+from dflash_train.run_folder import complete_checkpoints, latest_checkpoint
 from dflash_train.train import trainer as trainer_mod
-from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint
 from dflash_train.train.curve import read_curve
 from dflash_train.train.loop import train
 

@@ -17,8 +17,8 @@ import torch
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.models.target import Target
+from dflash_train.run_folder import complete_checkpoints, latest_checkpoint
 from dflash_train.testing import tiny_chat_job, tiny_chat_target
-from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint
 from dflash_train.train.loop import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dist_helpers import env, job, losses, metrics, save_tiny_target, tiny_target, torchrun_cmd, worker  # noqa: E402
 
 from dflash_train.config import config_from_dict  # noqa: E402
-from dflash_train.train.checkpoint import complete_checkpoints, latest_checkpoint  # noqa: E402
+from dflash_train.run_folder import complete_checkpoints, latest_checkpoint  # noqa: E402
 from dflash_train.train.loop import train  # noqa: E402
 
 STEPS = 6

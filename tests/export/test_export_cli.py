@@ -31,8 +31,8 @@ def write_checkpoint(folder: Path, seed: int, complete: bool = True, prefix: str
     folder.mkdir(parents=True)
     (folder / "drafter_config.json").write_text(json.dumps(cfg.to_dict()))
     save_file({prefix + k: v.contiguous() for k, v in drafter.state_dict().items()}, str(folder / "drafter.safetensors"))
-    if target is not None:
-        (folder / "target.json").write_text(json.dumps({"path": target}))
+    if target is not None:  # the job config the trainer saves next to the drafter
+        (folder / "config.json").write_text(json.dumps({"target": {"path": target}}))
     if complete:
         (folder / "COMPLETE").write_text("")
     return drafter, cfg
@@ -44,7 +44,6 @@ def run_dir(tmp_path):
     drafters = {}
     for step, complete in ((100, True), (2000, True), (3000, False)):
         drafters[step], _ = write_checkpoint(run / "checkpoints" / f"step-{step:06d}", seed=step, complete=complete)
-    (run / "latest").write_text("checkpoints/step-003000")
     return run, drafters
 
 
@@ -78,14 +77,13 @@ def test_cli_export_run_folder(run_dir, tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-def test_cli_latest_pointer_when_no_complete_step(tmp_path):
-    run = tmp_path / "run"
-    drafter, _ = write_checkpoint(run / "ckpt-final", seed=7)
-    (run / "latest").write_text("ckpt-final")
-    assert find_checkpoint(run) == run / "ckpt-final"
-    assert main(["export", str(run), str(tmp_path / "out")]) == 0
-    loaded, _ = load_drafter_folder(tmp_path / "out")
-    assert torch.equal(loaded.norm.weight, drafter.norm.weight.to(torch.bfloat16).float())
+def test_complete_checkpoint_without_weights_is_skipped(run_dir):
+    """A COMPLETE folder that lacks the drafter weights is passed over for an older usable one."""
+    run, _ = run_dir
+    newest = run / "checkpoints" / "step-004000"
+    newest.mkdir()
+    (newest / "COMPLETE").write_text("")
+    assert find_checkpoint(run).name == "step-002000"
 
 
 @pytest.mark.parametrize("flag, dtype", [(None, torch.bfloat16), ("bfloat16", torch.bfloat16),

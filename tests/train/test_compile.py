@@ -8,6 +8,7 @@ from torch._dynamo.utils import counters
 from dflash_train.models.target import Target
 from dflash_train.objective.blocks import sample_batch_anchors
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.run_folder import COMPILE_ARTIFACTS
 from dflash_train.testing import tiny_drafter, tiny_qwen3
 from dflash_train.train import compilation
 from dflash_train.train.parallelize import parallelize_drafter
@@ -79,6 +80,6 @@ def test_first_step_report_and_artifacts(tmp_path, monkeypatch):
     assert 0 < report["compile_s"] < 12.5 + 600
     assert "first step 12.5 s" in lines[-1]
     assert first.done(1.0) == {}  # reported once
-    assert (tmp_path / "run" / compilation.ARTIFACTS).stat().st_size > 0
+    assert (tmp_path / "run" / COMPILE_ARTIFACTS).stat().st_size > 0
     again = compilation.FirstStep(tmp_path / "run", None, enabled=True, is_main=True, echo=lines.append)
     assert again.state == "warm" and "compile-artifacts.bin" in lines[-1]

@@ -19,7 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--target", required=True, help="target model folder (or folder/file.gguf)")
     p.add_argument("--drafter", required=True, help="DFlash serving-format folder (config.json + model.safetensors)")
     p.add_argument("--prompts", required=True,
-                   help="chat .jsonl/.json (messages / conversations / prompt) or a text file, one prompt per line")
+                   help="chat .jsonl/.json (messages / conversations / prompt), a text file (one prompt per line), "
+                        "or heldout (the packaged held-out set)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's; may be smaller")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from dflash_train.devices import resolve_device
     from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
     from dflash_train.eval.loader import load_drafter_folder
+    from dflash_train.data.prompt_sets import resolve_prompts
     from dflash_train.eval.prompts import encode_prompts, read_prompts
     from dflash_train.models.target import Target
 
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
 
-    prompts = read_prompts(args.prompts, limit=args.limit)
+    prompts = read_prompts(resolve_prompts(args.prompts), limit=args.limit)
     target = Target.load(args.target, dtype=dtype, device=device)
     drafter = load_drafter_folder(args.drafter, target)
     if target.tokenizer is None:

@@ -1,9 +1,10 @@
 """``dflash-train export RUN_OR_CHECKPOINT OUT``: write the serving folder of docs/spec.md section 4.
 
-Training artifacts this command reads
--------------------------------------
+What this command reads
+-----------------------
 
-A *checkpoint folder* holds (names are fixed)::
+The layout of run and checkpoint folders belongs to ``dflash_train.run_folder``; export
+reads two files of a checkpoint::
 
     CKPT/drafter_config.json   DrafterConfig.to_dict() of the resolved config (JSON object,
                                no other keys)
@@ -11,62 +12,38 @@ A *checkpoint folder* holds (names are fixed)::
                                layers.*, norm, fc, hidden_norm; no embedding/lm_head).
                                A "module." / "_orig_mod." prefix (DDP, torch.compile) is
                                stripped; any dtype (cast on export).
-    CKPT/COMPLETE              empty marker, written LAST once everything else is on disk
-    CKPT/target.json           optional: {"path": "<target folder or .gguf>"}; used for the
-                               tokenizer and for checking the pairing
 
-A *run folder* holds checkpoints as ``RUN/checkpoints/step-<N>/`` (N an integer, any
-zero padding) plus optionally ``RUN/latest`` (a symlink to, or a text file naming, a
-checkpoint folder) and ``RUN/target.json``. Export picks the complete checkpoint
-(``COMPLETE`` present) with the highest N; checkpoints without ``COMPLETE`` are
-ignored. When ``RUN/checkpoints`` has none, ``RUN/latest`` is followed if it points at
-a complete checkpoint. A folder that is neither is refused with an error.
+Given a run folder, export picks its newest complete checkpoint (``COMPLETE`` marker
+present) that holds both files; checkpoints without them are ignored. A folder that is
+neither a checkpoint nor a run with one is refused with an error. Without ``--target``,
+the target is the one the job config (``config.json`` of the checkpoint, else of the run)
+names, when it still exists: it gives the tokenizer and checks the pairing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import warnings
 from pathlib import Path
 
 import torch
 
 from dflash_train.models.config import DrafterConfig
+from dflash_train.run_folder import (
+    COMPLETE,
+    CONFIG,
+    DRAFTER_CONFIG,
+    DRAFTER_WEIGHTS,
+    checkpoint_folders,
+    is_complete,
+)
 
-CONFIG_NAME = "drafter_config.json"
-WEIGHTS_NAME = "drafter.safetensors"
-COMPLETE_NAME = "COMPLETE"
-TARGET_NAME = "target.json"
-LATEST_NAME = "latest"
-_STEP = re.compile(r"^step-(\d+)$")
 _PREFIXES = ("module.", "_orig_mod.")
 
 
 def _is_checkpoint(folder: Path) -> bool:
-    return (folder / CONFIG_NAME).is_file() and (folder / WEIGHTS_NAME).is_file()
-
-
-def _complete(folder: Path) -> bool:
-    return _is_checkpoint(folder) and (folder / COMPLETE_NAME).is_file()
-
-
-def _latest_pointer(run: Path) -> Path | None:
-    """``RUN/latest`` as a folder: a symlink to it, or a text file naming it (absolute or relative)."""
-    pointer = run / LATEST_NAME
-    if pointer.is_dir():
-        return pointer.resolve()
-    if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8").strip()
-        if name:
-            candidates = (
-                [Path(name)] if Path(name).is_absolute() else [run / name, run / "checkpoints" / name]
-            )
-            for candidate in candidates:
-                if candidate.is_dir():
-                    return candidate
-    return None
+    return (folder / DRAFTER_CONFIG).is_file() and (folder / DRAFTER_WEIGHTS).is_file()
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -77,55 +54,27 @@ def find_checkpoint(path: str | Path) -> Path:
     if not path.is_dir():
         raise ValueError(f"{path} is not a folder: expected a run folder or a checkpoint folder")
     if _is_checkpoint(path):
-        if not (path / COMPLETE_NAME).is_file():
-            warnings.warn(
-                f"checkpoint {path} has no {COMPLETE_NAME} marker; it may be partially written", stacklevel=2
-            )
+        if not is_complete(path):
+            warnings.warn(f"checkpoint {path} has no {COMPLETE} marker; it may be partially written", stacklevel=2)
         return path
-    steps = []
-    incomplete = []
-    ckpt_dir = path / "checkpoints"
-    if ckpt_dir.is_dir():
-        for child in ckpt_dir.iterdir():
-            match = _STEP.match(child.name)
-            if match and child.is_dir():
-                (steps if _complete(child) else incomplete).append((int(match.group(1)), child))
-    if steps:
-        return max(steps)[1]
-    latest = _latest_pointer(path)
-    if latest is not None and _complete(latest):
-        return latest
-    detail = (
-        (
-            f"; {len(incomplete)} checkpoint(s) under {ckpt_dir} lack {COMPLETE_NAME} or "
-            f"{CONFIG_NAME}/{WEIGHTS_NAME}"
-        )
-        if incomplete
-        else ""
-    )
+    folders = checkpoint_folders(path)
+    usable = [f for f in folders if is_complete(f) and _is_checkpoint(f)]
+    if usable:
+        return usable[-1]
+    detail = (f"; {len(folders)} checkpoint(s) under {folders[0].parent} lack {COMPLETE} or "
+              f"{DRAFTER_CONFIG}/{DRAFTER_WEIGHTS}") if folders else ""
     raise ValueError(
-        f"{path} is neither a checkpoint folder ({CONFIG_NAME} + {WEIGHTS_NAME}) nor a run folder with a "
-        f"complete checkpoint under checkpoints/step-*/ (marked by {COMPLETE_NAME}){detail}"
+        f"{path} is neither a checkpoint folder ({DRAFTER_CONFIG} + {DRAFTER_WEIGHTS}) nor a run folder with a "
+        f"complete checkpoint under checkpoints/ (marked by {COMPLETE}){detail}"
     )
-
-
-def _target_path(ckpt: Path, run: Path | None) -> str | None:
-    from dflash_train.export.serving import _read_json
-
-    for folder in (ckpt, run):
-        if folder is not None and (folder / TARGET_NAME).is_file():
-            value = _read_json(folder / TARGET_NAME).get("path")
-            if value:
-                return str(value)
-    return _trained_target(ckpt, run)
 
 
 def _trained_target(ckpt: Path, run: Path | None) -> str | None:
-    """The target a run trained against: ``target.path`` of its ``config.json`` (the job
-    config the trainer saves in the checkpoint and the run folder), when it still exists."""
+    """The target a run trained against: ``target.path`` of its job config (the trainer
+    saves it in the checkpoint and in the run folder), when it still exists."""
     for folder in (ckpt, run):
         try:
-            target = json.loads((folder / "config.json").read_text()).get("target") if folder else None
+            target = json.loads((folder / CONFIG).read_text()).get("target") if folder else None
         except (OSError, ValueError, AttributeError):
             continue
         if isinstance(target, dict) and isinstance(target.get("path"), str):
@@ -142,18 +91,18 @@ def read_training_artifact(path: str | Path) -> tuple[DrafterConfig, dict[str, t
 
     path = Path(path).expanduser()
     ckpt = find_checkpoint(path)
-    raw = _read_json(ckpt / CONFIG_NAME)
+    raw = _read_json(ckpt / DRAFTER_CONFIG)
     try:
         cfg = DrafterConfig.from_dict(raw)
         cfg.validate()
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{ckpt / CONFIG_NAME}: {err}") from None
-    state = read_safetensors(ckpt / WEIGHTS_NAME)
+        raise ValueError(f"{ckpt / DRAFTER_CONFIG}: {err}") from None
+    state = read_safetensors(ckpt / DRAFTER_WEIGHTS)
     for prefix in _PREFIXES:
         if state and all(k.startswith(prefix) for k in state):
             state = {k[len(prefix) :]: v for k, v in state.items()}
     run = path if ckpt != path else None
-    return cfg, state, _target_path(ckpt, run)
+    return cfg, state, _trained_target(ckpt, run)
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -182,8 +131,9 @@ def run_export(args: argparse.Namespace) -> int:
 
             tokenizer = AutoTokenizer.from_pretrained(target_dir, **gguf)
     elif args.tokenizer:
-        print("dflash-train export: no target known (no target.json, no --target): tokenizer not copied")
-    drafter = build_drafter(cfg, state, str(ckpt / WEIGHTS_NAME))
+        print("dflash-train export: no target known (none in the run's config.json that exists, no --target): "
+              "tokenizer not copied")
+    drafter = build_drafter(cfg, state, str(ckpt / DRAFTER_WEIGHTS))
     dtype = _DTYPES[args.dtype]
     written = export_drafter(drafter, cfg, out, tokenizer=tokenizer, force=args.force, dtype=dtype)
     summary = {
@@ -221,7 +171,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--target",
         default=None,
-        help="target model folder (overrides target.json); checks the pairing, gives the tokenizer",
+        help="target model folder (overrides the one the run's config.json names); checks the pairing, "
+        "gives the tokenizer",
     )
     p.add_argument(
         "--dtype",

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from dflash_train.data.prompt_sets import prompt_set_path
+
 
 def chatterbot_records(language: str = "english") -> list[dict]:
     """Each corpus conversation alternates user/assistant turns."""
@@ -85,8 +87,9 @@ def write_jsonl(records: list[dict], path: Path) -> Path:
 
 
 def heldout_prompts_path() -> Path:
-    """General questions and instructions written for this project, never trained on."""
-    return Path(str(resources.files("dflash_train") / "recipes" / "heldout_prompts.txt"))
+    """General questions and instructions written for this project, never trained on
+    (the named prompt set ``heldout``, which evaluation during training reads too)."""
+    return prompt_set_path("heldout")
 
 
 def main(argv: list[str] | None = None) -> int:

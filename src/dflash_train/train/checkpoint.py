@@ -1,6 +1,7 @@
 """Checkpoints that resume exactly, written atomically, loaded without unpickling.
 
-Layout of ``RUN/checkpoints/step-00000120/``::
+What a checkpoint folder holds (its name and the shared file names belong to
+``dflash_train.run_folder``)::
 
     state/                  torch.distributed.checkpoint in safetensors form (every rank
                             writes its shards): drafter weights + AdamW moments/steps
@@ -32,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 import shutil
 import time
 import warnings
@@ -47,14 +47,24 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from dflash_train.run_folder import (
+    CHECKSUMS,
+    COMPLETE,
+    CONFIG,
+    DRAFTER_CONFIG,
+    DRAFTER_WEIGHTS,
+    SUMMARY,
+    checkpoint_dir,
+    checkpoint_step,
+    complete_checkpoints,
+    is_complete,
+    latest_checkpoint,
+)
+
 # Single-process saving/loading is intended here; DCP would warn on every call that it
 # "assumes" it.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
-COMPLETE = "COMPLETE"
-CHECKSUMS = "checksums.json"
-STEP_PREFIX = "step-"
-_STEP_NAME = re.compile(r"^step-(\d+)$")
 # Config fields that may change on resume without changing what is being trained.
 RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "train.save_every_steps",
                      "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
@@ -84,29 +94,6 @@ def _full_weights(drafter) -> dict:
             v = v.full_tensor()
         out[k] = v.detach().float().cpu().contiguous()
     return out
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"{STEP_PREFIX}{step:08d}"
-
-
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    folder = Path(run_dir) / "checkpoints"
-    if not folder.exists():
-        return []
-    found = [p for p in folder.iterdir() if _STEP_NAME.match(p.name) and (p / COMPLETE).exists()]
-    return sorted(found, key=checkpoint_step)
-
-
-def checkpoint_step(path: Path) -> int:
-    match = _STEP_NAME.match(Path(path).name)
-    return int(match.group(1)) if match else -1
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
 
 
 # -- state capture -----------------------------------------------------------------------------
@@ -181,9 +168,9 @@ def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None 
     if rank == 0:
         _write_json(tmp / "optim_groups.json", groups)
         _write_json(tmp / "trainer_state.json", trainer.state_dict())
-        _write_json(tmp / "config.json", trainer.cfg.to_dict())
-        _write_json(tmp / "drafter_config.json", trainer.drafter_cfg.to_dict())
-        save_file(weights, str(tmp / "drafter.safetensors"))
+        _write_json(tmp / CONFIG, trainer.cfg.to_dict())
+        _write_json(tmp / DRAFTER_CONFIG, trainer.drafter_cfg.to_dict())
+        save_file(weights, str(tmp / DRAFTER_WEIGHTS))
         _write_json(tmp / CHECKSUMS, file_checksums(tmp))
         (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
         written = _written(trainer)
@@ -277,7 +264,7 @@ def prune(trainer, run_dir: Path, keep_last: int) -> None:
 def summary_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint ``summary.json`` names (never pruned), if any."""
     try:
-        named = json.loads((Path(run_dir) / "summary.json").read_text()).get("checkpoint")
+        named = json.loads((Path(run_dir) / SUMMARY).read_text()).get("checkpoint")
     except (OSError, ValueError, AttributeError):
         return None
     return Path(named).resolve() if isinstance(named, str) else None
@@ -312,7 +299,7 @@ def resolve_resume(resume: str | None, run_dir: Path, echo=print) -> Path | None
     path = Path(resume)
     if not path.exists():
         raise FileNotFoundError(f"train.resume: checkpoint not found: {path}")
-    if not (path / COMPLETE).exists():
+    if not is_complete(path):
         newest = latest_checkpoint(path)
         if newest is None:
             raise ValueError(f"{path} is not a complete checkpoint (no {COMPLETE} marker) and holds none")
@@ -355,9 +342,9 @@ def _read_json(path: Path):
 def load_checkpoint(trainer, path: Path) -> None:
     """Restore weights, optimizer, scheduler, counters, data position and RNG."""
     path = Path(path)
-    saved_cfg = _read_json(path / "config.json")
+    saved_cfg = _read_json(path / CONFIG)
     diffs = config_differences(saved_cfg, trainer.cfg.to_dict())
-    saved_drafter = _read_json(path / "drafter_config.json")
+    saved_drafter = _read_json(path / DRAFTER_CONFIG)
     diffs += config_differences(saved_drafter, trainer.drafter_cfg.to_dict(), "drafter(resolved).")
     if diffs:
         raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))

@@ -37,7 +37,7 @@ def resume_command(args) -> str:
 
 
 def run_train(args) -> int:
-    from dflash_train.train.checkpoint import latest_checkpoint
+    from dflash_train.run_folder import latest_checkpoint
     from dflash_train.train.loop import train
 
     cfg = job_from_args(args)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-ARTIFACTS = "compile-artifacts.bin"
+from dflash_train.run_folder import COMPILE_ARTIFACTS
 
 
 def default_cache_dir() -> Path:
@@ -95,7 +95,7 @@ class FirstStep:
             return
         self.cache_dir = use_persistent_cache()
         self.state = cache_state(self.cache_dir)
-        loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / ARTIFACTS)
+        loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / COMPILE_ARTIFACTS)
                   if p is not None and load_artifacts(p)]
         if artifacts and not loaded:
             raise FileNotFoundError(f"train.compile_artifacts: {artifacts} does not exist")
@@ -114,5 +114,5 @@ class FirstStep:
         self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state})")
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_artifacts(self.run_dir / ARTIFACTS)
+            save_artifacts(self.run_dir / COMPILE_ARTIFACTS)
         return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state}

@@ -15,12 +15,14 @@ import json
 import sys
 from pathlib import Path
 
+from dflash_train.run_folder import METRICS
+
 
 def read_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """(step, value) series from ``metrics.jsonl``: expected acceptance, held-out tau, loss."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no metrics.jsonl (is {run_dir} a training run folder?)")
+        raise FileNotFoundError(f"{path}: no {METRICS} (is {run_dir} a training run folder?)")
     series: dict[str, list[tuple[int, float]]] = {"expected_acceptance": [], "tau": [], "loss": []}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -71,7 +73,7 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    parser.add_argument("runs", nargs="+", help=f"run folders (each with {METRICS})")
     parser.add_argument("--label", action="append", default=None, help="one per run (default: folder names)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)

@@ -16,15 +16,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dflash_train.data.prompt_sets import resolve_prompts
 from dflash_train.eval.evaluate import EvalOptions, evaluate
 from dflash_train.eval.prompts import encode_prompts, read_prompts
-from dflash_train.recipes.offline_data import heldout_prompts_path
 
 
 class HeldoutEvaluator:
     def __init__(self, trainer):
         cfg = trainer.cfg.eval
-        path = heldout_prompts_path() if cfg.prompts == "heldout" else cfg.prompts
+        path = resolve_prompts(cfg.prompts)  # a file, or a named set such as "heldout"
         prompts = read_prompts(path, limit=cfg.num_prompts)
         self.prompt_ids = encode_prompts(trainer.target.tokenizer, prompts)
         self.max_new_tokens = cfg.max_new_tokens

@@ -15,6 +15,7 @@ from pathlib import Path
 from dflash_train.config import JobConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
+from dflash_train.run_folder import CONFIG, SUMMARY
 from dflash_train.train.checkpoint import (
     check_run_folder,
     load_checkpoint,
@@ -49,7 +50,7 @@ def write_run_config(trainer: Trainer) -> None:
         return
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**trainer.cfg.to_dict(), "drafter_resolved": trainer.drafter_cfg.to_dict()}
-    (trainer.run_dir / "config.json").write_text(json.dumps(resolved, indent=1))
+    (trainer.run_dir / CONFIG).write_text(json.dumps(resolved, indent=1))
 
 
 def preflight(cfg: JobConfig, echo=print) -> Path | None:
@@ -58,10 +59,11 @@ def preflight(cfg: JobConfig, echo=print) -> Path | None:
     to resume exists and verifies. Returns that checkpoint."""
     resolve_device(cfg.train.device)
     resolve_files(cfg.data.paths)
-    if cfg.eval.prompts and cfg.eval.prompts != "heldout":
+    if cfg.eval.prompts:
+        from dflash_train.data.prompt_sets import resolve_prompts
         from dflash_train.eval.prompts import read_prompts
 
-        read_prompts(cfg.eval.prompts, limit=cfg.eval.num_prompts)
+        read_prompts(resolve_prompts(cfg.eval.prompts), limit=cfg.eval.num_prompts)
     run_dir = Path(cfg.train.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +119,7 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
         summary["tau_after"] = evaluator(trainer)
     trainer.logger.close()
     if trainer.ranks.is_main:
-        (trainer.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
         prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
     if result["stopped_early"]:
         trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "

@@ -16,6 +16,7 @@ import torch
 
 from dflash_train.objective.blocks import expected_acceptance_from_accuracy
 from dflash_train.objective.loss import AcceptanceStats
+from dflash_train.run_folder import METRICS, TENSORBOARD
 
 
 class MetricWindow:
@@ -71,8 +72,8 @@ class MetricLogger:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
-        self.path = run_dir / "metrics.jsonl"
-        self.tensorboard_dir = run_dir / "tensorboard"
+        self.path = run_dir / METRICS
+        self.tensorboard_dir = run_dir / TENSORBOARD
         self.writer = None
         if enabled and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
