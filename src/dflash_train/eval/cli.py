@@ -43,10 +43,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from dflash_train.data.prompt_sets import resolve_prompts
     from dflash_train.devices import resolve_device
     from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
     from dflash_train.eval.loader import load_drafter_folder
-    from dflash_train.data.prompt_sets import resolve_prompts
     from dflash_train.eval.prompts import encode_prompts, read_prompts
     from dflash_train.models.target import Target
 
