@@ -109,7 +109,6 @@ def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size:
     return out
 
 
-@torch.no_grad()
 @dataclass
 class EvalOptions:
     """How ``evaluate`` decodes and what it measures (defaults: greedy, 128 new tokens,
@@ -135,6 +134,7 @@ class EvalOptions:
             raise ValueError(f"engine must be 'auto', 'hf' or 'static', got {self.engine!r}")
 
 
+@torch.no_grad()
 def evaluate(target, drafter, prompts_token_ids, options: EvalOptions | None = None, **fields) -> dict:
     """Speculative decoding over ``prompts_token_ids`` (list of 1-D token id lists/tensors).
 
