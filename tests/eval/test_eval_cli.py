@@ -166,14 +166,3 @@ def test_eval_options_are_checked_and_exclusive(tiny_target):
     with pytest.raises(ValueError, match="either an EvalOptions or its fields"):
         evaluate(tiny_target, None, [[1, 2]], EvalOptions(), baseline=False)
 
-
-def test_evaluate_builds_no_autograd_graph(tiny_target):
-    """Decoding runs under no_grad: a drafter whose parameters require grad leaves no graph."""
-    from dflash_train.eval.evaluate import evaluate
-    from dflash_train.testing import tiny_drafter
-
-    drafter, _ = tiny_drafter(tiny_target, block_size=4)
-    seen = []
-    drafter.register_forward_hook(lambda _m, _a, out: seen.append(out.requires_grad))
-    evaluate(tiny_target, drafter, [[1, 2, 3]], max_new_tokens=4, baseline=False, warmup=False)
-    assert seen and not any(seen)
