@@ -21,7 +21,7 @@ from dflash_train.run_folder import complete_checkpoints, latest_checkpoint
 from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train.loop import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "assets" / "smollm2"
 
 # torch.distributed.checkpoint logs a DEBUG event per tensor per save/load to its "c10d-*"
@@ -158,7 +158,7 @@ print("EXITED", flush=True)
 
 def _spawn(tmp_path: Path, mode: str) -> subprocess.Popen:
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(tests=str(REPO / "tests"), tmp=str(tmp_path)))
+    script.write_text(SCRIPT.format(tests=str(REPO / "tests" / "train"), tmp=str(tmp_path)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)

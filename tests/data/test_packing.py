@@ -277,7 +277,7 @@ def test_packed_training_learns_with_less_padding(tmp_path):
     from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.loop import train
 
-    smollm2 = Path(__file__).resolve().parents[1] / "assets" / "smollm2"
+    smollm2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
     logs = {}
     for pack in (False, True):
         job = tiny_chat_job(tmp_path / str(pack), max_steps=16)
