@@ -30,3 +30,6 @@ class AgreedRanks(RankInfo):
         dist.all_reduce(message, op=dist.ReduceOp.MAX, group=self.control)
         watchdog.beat(f"after step {step}", steady=True)
         return bool(message[0] > 0), bool(message[1] > 0), float(message[2])
+
+    def expect_long(self, phase: str) -> None:
+        watchdog.beat(phase, long=True)

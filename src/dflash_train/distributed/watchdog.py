@@ -60,13 +60,17 @@ class Watchdog:
             self._thread.start()
         return self
 
-    def beat(self, phase: str, steady: bool = False) -> None:
+    def beat(self, phase: str, steady: bool = False, long: bool = False) -> None:
         """Progress: ``phase`` says where this rank is; ``steady`` switches to the step budget
-        (call it after the first step, whose compilation belongs to start-up)."""
+        (call it after the first step, whose compilation belongs to start-up); ``long`` back
+        to the start-up budget, for phases that legitimately take minutes (a held-out
+        evaluation, a checkpoint) while other ranks wait for them."""
         self.phase = phase
         self.last = time.monotonic()
         if steady:
             self.limit = self.step_seconds
+        if long:
+            self.limit = self.start_seconds
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,10 +112,10 @@ def start(rank: int, role: str) -> Watchdog:
     return _current
 
 
-def beat(phase: str, steady: bool = False) -> None:
+def beat(phase: str, steady: bool = False, long: bool = False) -> None:
     """Report progress to this process's watchdog (nothing when none runs)."""
     if _current is not None:
-        _current.beat(phase, steady)
+        _current.beat(phase, steady, long)
 
 
 def stop() -> None:

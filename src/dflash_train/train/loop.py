@@ -104,12 +104,15 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
     def on_step_end(t: Trainer) -> None:
         summary.update(first.done(time.perf_counter() - started))  # the first step only
         if save_due(t) and t.counters.step < t.total_steps:
+            t.ranks.expect_long("saving a checkpoint")
             save_checkpoint(t)
         if evaluator is not None and eval_due(t) and not t.stop_requested:
+            t.ranks.expect_long("held-out evaluation")
             evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
 
     started = time.perf_counter()
     result = trainer.run(on_step_end)
+    trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
     final = save_checkpoint(trainer)
     summary.update(_curve_summary([r for r in earlier if "loss" in r] + result["history"]))
     summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])

@@ -57,6 +57,10 @@ class RankInfo:
         One process: its own values. (``distributed.common.AgreedRanks``: the max over ranks.)"""
         return stop, signalled, seconds
 
+    def expect_long(self, phase: str) -> None:
+        """A phase that may take minutes is starting (a checkpoint, a held-out evaluation):
+        nothing to do in one process; ``AgreedRanks`` relaxes its rank's watchdog."""
+
 
 class NonFiniteError(ValueError):
     """More non-finite steps than ``train.max_bad_steps``: the run stops, unsaved."""
