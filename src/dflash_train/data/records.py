@@ -20,18 +20,25 @@ SHAREGPT_ROLES = {
 }
 
 
-def normalize(raw: object, location: str) -> list[dict]:
-    """Turn one raw record into checked ``{"role", "content"}`` messages or raise ``DataError``."""
+def _chat(raw: object, location: str) -> list[dict] | None:
+    """The messages of an OpenAI ``messages`` or ShareGPT ``conversations`` record; None when
+    the record has neither (the callers then try their other formats)."""
     if not isinstance(raw, dict):
         raise DataError(location, "<record>", "not_an_object", f"got {type(raw).__name__}")
     if raw.get("messages") is not None:
-        messages = _openai(raw["messages"], location)
-    elif raw.get("conversations") is not None:
-        messages = _sharegpt(raw["conversations"], location)
-    elif "prompt" in raw or "response" in raw:
+        return _openai(raw["messages"], location)
+    if raw.get("conversations") is not None:
+        return _sharegpt(raw["conversations"], location)
+    return None
+
+
+def normalize(raw: object, location: str) -> list[dict]:
+    """Turn one raw record into checked ``{"role", "content"}`` messages or raise ``DataError``."""
+    messages = _chat(raw, location)
+    if messages is None:
+        if "prompt" not in raw and "response" not in raw:
+            raise DataError(location, "messages", "missing_field", "need messages, conversations or prompt/response")
         messages = _prompt_response(raw, location)
-    else:
-        raise DataError(location, "messages", "missing_field", "need messages, conversations or prompt/response")
     if not messages:
         raise DataError(location, "messages", "empty_conversation")
     if not any(m["role"] == "assistant" for m in messages):
@@ -47,18 +54,13 @@ def prompt_messages(raw: object, location: str) -> list[dict]:
     opens the conversation unless it already starts with a system message."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    if not isinstance(raw, dict):
-        raise DataError(location, "<record>", "not_an_object", f"got {type(raw).__name__}")
-    if raw.get("messages") is not None:
-        messages = _openai(raw["messages"], location)
-    elif raw.get("conversations") is not None:
-        messages = _sharegpt(raw["conversations"], location)
-    elif isinstance(raw.get("prompt"), list):
-        messages = _openai(raw["prompt"], location, "prompt")
-    elif "prompt" in raw:
-        messages = [{"role": "user", "content": _text(raw["prompt"], location, "prompt")}]
-    else:
-        raise DataError(location, "messages", "missing_field", "no 'messages', 'conversations' or 'prompt' field")
+    messages = _chat(raw, location)
+    if messages is None:
+        if "prompt" not in raw:
+            raise DataError(location, "messages", "missing_field", "no 'messages', 'conversations' or 'prompt' field")
+        prompt = raw["prompt"]
+        messages = (_openai(prompt, location, "prompt") if isinstance(prompt, list)
+                    else [{"role": "user", "content": _text(prompt, location, "prompt")}])
     system = raw.get("system")
     if isinstance(system, str) and system and (not messages or messages[0]["role"] != "system"):
         messages.insert(0, {"role": "system", "content": system})
@@ -68,6 +70,7 @@ def prompt_messages(raw: object, location: str) -> list[dict]:
     if not any(m["role"] != "system" for m in messages):
         raise DataError(location, "messages", "empty_prompt", "the prompt part (before the last assistant turn) is empty")
     return messages
+
 
 def _turns(items: object, location: str, field: str):
     """(``field[i]``, turn) for a list of turn objects; a clear error for anything else."""
