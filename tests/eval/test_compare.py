@@ -1,0 +1,53 @@
+"""Paired per-prompt comparison of eval reports, against hand-computed numbers."""
+
+import json
+import math
+
+import pytest
+
+from dflash_train.eval.compare import compare, main, parse_range
+
+
+def _report(per_prompt_lengths):
+    prompts = [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in per_prompt_lengths]
+    return {"prompts": prompts}
+
+
+def test_paired_difference_mean_stderr_wins_and_step_weighted_tau():
+    base = _report([[1, 1], [2, 2, 2, 2], [1, 3]])  # per-prompt tau 1, 2, 2
+    variant = _report([[2, 2], [2, 2, 2, 2], [3, 3]])  # 2, 2, 3
+    row = compare(base, variant, "v", parse_range("1-3"))
+    diffs = [1.0, 0.0, 1.0]
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert row.mean_diff == pytest.approx(mean)
+    assert row.stderr == pytest.approx(sd / math.sqrt(3))
+    assert (row.wins, row.n) == (2, 3)
+    assert row.base_tau == pytest.approx(14 / 8)  # over all verify steps (mean of prompts: 5/3)
+    assert row.variant_tau == pytest.approx(18 / 8)
+    sub = compare(base, variant, "v", parse_range("2-3"))
+    assert (sub.n, sub.prompts, sub.mean_diff) == (2, "2-3", pytest.approx(0.5))
+
+
+def test_bad_range_and_short_report_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(ValueError, match="FIRST-LAST"):
+        parse_range("1:24")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report([[1], [2]])))
+    b.write_text(json.dumps(_report([[1]])))
+    assert main([str(a), str(b), "--prompts", "1-2"]) == 2
+    assert "not all present" in capsys.readouterr().err
+    (tmp_path / "c.json").write_text("{}")
+    assert main([str(a), str(tmp_path / "c.json")]) == 2
+    assert "no per-prompt results" in capsys.readouterr().err
+
+
+def test_cli_writes_table_and_json(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report([[1], [2], [1]])))
+    b.write_text(json.dumps(_report([[2], [2], [2]])))
+    out = tmp_path / "rows.json"
+    assert main([str(a), str(b), "--prompts", "1-2", "--prompts", "3-3", "--json", str(out)]) == 0
+    assert "| +0.500 +- 0.500 | 1/2 |" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["prompts"] for r in rows] == ["1-2", "3-3"] and rows[1]["mean_diff"] == 1.0
