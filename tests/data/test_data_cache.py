@@ -106,3 +106,23 @@ def test_max_examples_is_a_fixed_nested_subset_sharing_the_cache(tmp_path, chatm
     assert len(counter) == 1  # every size reused the one tokenized cache entry
     with pytest.raises(ValueError, match="max_examples"):
         DataConfig(paths=["x"], max_examples=0).validate()
+
+
+def test_a_second_builder_of_the_same_entry_keeps_the_published_one(tmp_path):
+    """Runs started together build the same entry; the later one must not remove the
+    entry that the first published (and may already have loaded)."""
+    from dflash_train.data.cache import DATA_FILE, load_cached, write_entry
+    from dflash_train.data.errors import SkipReport
+
+    row = {"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "length": 3, "num_supervised": 2}
+    entry = tmp_path / "key"
+    write_entry(entry, [row], SkipReport())
+    first, _ = load_cached(entry)
+    inode = (entry / DATA_FILE).stat().st_ino
+    write_entry(entry, [row, row], SkipReport())  # a slower builder finishing later
+    assert (entry / DATA_FILE).stat().st_ino == inode
+    assert len(load_cached(entry)[0]) == 1 and first[0]["input_ids"] == [1, 2, 3]
+    assert not list(tmp_path.glob("key.tmp-*"))
+    (entry / DATA_FILE).unlink()  # a partial entry (an old crash) is replaced
+    write_entry(entry, [row, row], SkipReport())
+    assert len(load_cached(entry)[0]) == 2

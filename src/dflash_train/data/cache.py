@@ -95,6 +95,24 @@ def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: in
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+    _publish(tmp, entry)
+
+
+def _publish(tmp: Path, entry: Path) -> None:
+    """Move a finished ``tmp`` into place, unless a complete entry is already there.
+
+    Several runs started together (ablations on one data set) build the same entry at
+    once. The first to finish publishes it; the others keep it and drop their copy, so
+    a run that already loaded the entry never sees it removed. A partial entry (an old
+    crash) is replaced."""
+    try:
+        os.replace(tmp, entry)  # atomic; fails on a non-empty folder
+        return
+    except OSError:
+        pass
+    if (entry / DATA_FILE).exists() and (entry / REPORT_FILE).exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     shutil.rmtree(entry, ignore_errors=True)
     os.replace(tmp, entry)
 

@@ -16,6 +16,7 @@ SYNTH_SECONDS=${SYNTH_SECONDS:-110}  # wall cap for prompt writing (what is done
 REGEN_SECONDS=${REGEN_SECONDS:-330}  # wall cap per regeneration pass (resumable: rerun to continue)
 DFT=${DFT:-dflash-train}
 PY=${PY:-python}
+DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
@@ -23,7 +24,7 @@ T0=$(date +%s)
 [ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.recipes.prompts --out "$OUT/seeds.jsonl"
 if [ ! -s "$OUT/synth.jsonl" ]; then
   $PY -m dflash_train.recipes.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds \
-    --num-synthetic "$NUM_SYNTH" --batch-size "$GEN_BATCH" --backend static --device cuda --max-seconds "$SYNTH_SECONDS"
+    --num-synthetic "$NUM_SYNTH" --batch-size "$GEN_BATCH" --backend static --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"
 fi
 stage "prompts done ($(wc -l < "$OUT/seeds.jsonl") seeds, $(wc -l < "$OUT/synth.jsonl") synthetic)"
 
@@ -33,7 +34,7 @@ cat "$OUT/seeds.jsonl" "$OUT/synth.jsonl" | awk -v n="$NGPU" -v d="$OUT" '{print
 for g in $(seq 0 $((NGPU - 1))); do
   CUDA_VISIBLE_DEVICES=$g timeout --signal=INT "$REGEN_SECONDS" $DFT regenerate --target "$TARGET" \
     --data "$OUT/shard-$g.jsonl" --out "$OUT/greedy-$g.jsonl" --backend static --max-new-tokens "$MAX_NEW" \
-    --batch-size 2048 --max-batch "$GEN_BATCH" --device cuda > "$OUT/regen-$g.log" 2>&1 &
+    --batch-size 2048 --max-batch "$GEN_BATCH" --device "$DEVICE" > "$OUT/regen-$g.log" 2>&1 &
 done
 wait || true
 stage "greedy done ($(cat "$OUT"/greedy-*.jsonl | wc -l) responses)"
