@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from data_helpers import SMOLLM2, write_jsonl
 
 from dflash_train.data import DataConfig, cli, load_tokenized
 from dflash_train.data.loops import loop_cut, trailing_loop, trim_looping_tails
+from dflash_train.train.checkpoint import config_differences
 
 PREFIX = list(range(1000, 1020))  # 20 distinct tokens that repeat nothing
 PHRASE = [7, 8, 9, 10, 11, 12, 13]
@@ -106,3 +108,12 @@ def test_inspect_reports_trimmed_tails(tmp_path, capsys):
                    "--cache-dir", str(tmp_path / "c"), "--no-color", "--trim-loops"])
     out = capsys.readouterr().out
     assert rc == 0 and "trimmed 2 looping tails" in out
+
+
+def test_a_checkpoint_from_before_the_option_resumes_with_it_off():
+    saved = {"data": {"paths": ["a"], "pack": True}}  # written before data.trim_loops existed
+    assert config_differences(saved, {"data": {"paths": ["a"], "pack": True, "trim_loops": False}}) == []
+    assert config_differences(saved, {"data": {"paths": ["a"], "pack": True, "trim_loops": True}}) == [
+        "data.trim_loops: checkpoint False vs now True"]
+    with pytest.raises(ValueError, match="data.trim_loops: expected true or false"):
+        DataConfig(paths=["a"], trim_loops="yes").validate()
