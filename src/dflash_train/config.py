@@ -93,6 +93,9 @@ class TrainConfig:
     max_bad_steps: int = 0
     resume: str | None = None  # a checkpoint folder, or "auto" for the newest in run_dir
     init_from: str | None = None  # a DFlash serving folder to warm-start the drafter
+    # "target": drafter layer i starts as target layer L - N + i, the final norm as the target's
+    # (models/target_init.py); "random": the usual init. A resumed run loads its checkpoint over it.
+    drafter_init: str = "random"
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
 
@@ -120,6 +123,11 @@ class TrainConfig:
             raise ValueError(f"train.attention must be auto/sdpa/flex, got {self.attention!r}")
         if self.gamma is not None and self.gamma <= 0:
             raise ValueError(f"train.gamma must be > 0, got {self.gamma}")
+        if self.drafter_init not in ("random", "target"):
+            raise ValueError(f"train.drafter_init must be 'random' or 'target', got {self.drafter_init!r}")
+        if self.drafter_init == "target" and self.init_from:
+            raise ValueError("train.drafter_init=target and train.init_from both set the drafter's weights; "
+                             "choose one")
         for name in ("fsdp_drafter", "fsdp_target"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")

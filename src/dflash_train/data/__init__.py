@@ -49,6 +49,9 @@ class DataConfig:
     # Processes that tokenize when the cache is built (null: min(8, CPU cores); 0 or 1: serial).
     # The cached result does not depend on it.
     num_workers: int | None = None
+    # Cut answers that end in a repetition loop down to two periods of the loop (data/loops.py):
+    # trivially predictable tokens that inflate the training accuracy and cost compute.
+    trim_loops: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -66,8 +69,9 @@ class DataConfig:
         me = self.max_examples
         if me is not None and (not isinstance(me, int) or isinstance(me, bool) or me < 1):
             raise ValueError(f"data.max_examples: expected a positive integer or null, got {me!r}")
-        if not isinstance(self.pack, bool):
-            raise ValueError(f"data.pack: expected true or false, got {self.pack!r}")
+        for name in ("pack", "trim_loops"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"data.{name}: expected true or false, got {getattr(self, name)!r}")
         nw = self.num_workers
         if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 0):
             raise ValueError(f"data.num_workers: expected a non-negative integer or null, got {nw!r}")
@@ -82,7 +86,7 @@ class DataConfig:
 
 def tokenize_options(cfg: DataConfig, block_size: int) -> TokenizeOptions:
     mst = 2 * block_size if cfg.min_supervised_tokens is None else cfg.min_supervised_tokens
-    return TokenizeOptions(cfg.max_length, cfg.supervise, cfg.keep_reasoning, mst)
+    return TokenizeOptions(cfg.max_length, cfg.supervise, cfg.keep_reasoning, mst, cfg.trim_loops)
 
 
 def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[datasets.Dataset, SkipReport]:

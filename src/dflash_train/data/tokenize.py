@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import DataError, SkipReport, handle
+from .loops import trim_looping_tails
 from .readers import Record
 
 THINK_RE = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
@@ -37,10 +38,14 @@ class TokenizeOptions:
     supervise: str = "all"  # or "last"
     keep_reasoning: bool = True
     min_supervised_tokens: int = 32
+    trim_loops: bool = False  # data/loops.py: cut answers that end in a repetition loop
 
     def key(self) -> dict:
-        return {"max_length": self.max_length, "supervise": self.supervise,
-                "keep_reasoning": self.keep_reasoning, "min_supervised_tokens": self.min_supervised_tokens}
+        key = {"max_length": self.max_length, "supervise": self.supervise,
+               "keep_reasoning": self.keep_reasoning, "min_supervised_tokens": self.min_supervised_tokens}
+        if self.trim_loops:  # only when on: caches built before the option existed stay valid
+            key["trim_loops"] = True
+        return key
 
 
 def check_chat_template(tokenizer) -> None:
@@ -128,6 +133,13 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, cursor: int)
 def tokenize_messages(tokenizer, messages: list[dict], opts: TokenizeOptions, location: str,
                       specials: set[int] | None = None) -> tuple[list[int], list[int]]:
     """Return ``(input_ids, loss_mask)`` of one conversation, or raise ``DataError``."""
+    ids, mask, _ = tokenize_conversation(tokenizer, messages, opts, location, specials)
+    return ids, mask
+
+
+def tokenize_conversation(tokenizer, messages: list[dict], opts: TokenizeOptions, location: str,
+                          specials: set[int] | None = None) -> tuple[list[int], list[int], tuple[int, int]]:
+    """``(input_ids, loss_mask, (looping tails trimmed, supervised tokens they held))``."""
     messages = prepare_messages(messages, opts.keep_reasoning, tokenizer.chat_template)
     try:
         text = render(tokenizer, messages)
@@ -137,16 +149,20 @@ def tokenize_messages(tokenizer, messages: list[dict], opts: TokenizeOptions, lo
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     specials = special_ids(tokenizer) if specials is None else specials
-    mask = [0] * len(ids)
+    mask, segments = [0] * len(ids), []
     for span in spans:
         picked = _mark_span(ids, offsets, span, specials, tokenizer, mask)
         _verify(tokenizer, [ids[t] for t in picked], messages[span.message], span, specials, location)
+        segments.append(picked)
     ids, mask = ids[: opts.max_length], mask[: opts.max_length]
+    trimmed = (0, 0)
+    if opts.trim_loops:
+        ids, mask, *trimmed = trim_looping_tails(ids, mask, segments, specials)
     n = sum(mask)
     if n < opts.min_supervised_tokens:
         raise DataError(location, "messages", "too_few_supervised",
                         f"{n} supervised tokens < min_supervised_tokens={opts.min_supervised_tokens}")
-    return ids, mask
+    return ids, mask, tuple(trimmed)
 
 
 def _mark_span(ids, offsets, span: Span, specials: set[int], tokenizer, mask: list[int]) -> list[int]:
@@ -199,16 +215,20 @@ def tokenize_records(records: Iterable[Record], tokenizer, opts: TokenizeOptions
             handle(err, report, strict)
             continue
         report.kept += 1
+        tails, removed = result.pop("trimmed")
+        if opts.trim_loops:
+            report.count_trimmed(tails, removed, result["num_supervised"])
         yield result
 
 
 def _tokenize_one(tokenizer, rec: Record, opts: TokenizeOptions, specials: set[int]) -> dict | tuple:
     """A dataset row, or the record's failure as a picklable tuple."""
     try:
-        ids, mask = tokenize_messages(tokenizer, rec.messages, opts, rec.location, specials)
+        ids, mask, trimmed = tokenize_conversation(tokenizer, rec.messages, opts, rec.location, specials)
     except DataError as err:
         return err.location, err.field, err.reason, str(err)
-    return {"input_ids": ids, "loss_mask": mask, "length": len(ids), "num_supervised": sum(mask)}
+    return {"input_ids": ids, "loss_mask": mask, "length": len(ids), "num_supervised": sum(mask),
+            "trimmed": trimmed}
 
 
 def _serial(records: Iterable[Record], tokenizer, opts: TokenizeOptions, _workers: int = 1):

@@ -105,6 +105,9 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     if cfg.train.fsdp_target:
         raise ValueError("train.fsdp_target is for colocated runs; with --target-ranks each target rank "
                          "holds a whole target")
+    if cfg.train.drafter_init == "target":
+        raise ValueError("train.drafter_init=target is not supported with --target-ranks yet (drafter ranks "
+                         "hold no target layers): use it in a colocated run")
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")

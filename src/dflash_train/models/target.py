@@ -119,6 +119,15 @@ class Target(nn.Module):
         return self.model.get_output_embeddings().weight
 
     @property
+    def final_norm(self) -> nn.Module | None:
+        """The norm after the last decoder layer (Llama/Qwen ``model.norm``), or None if not found."""
+        for name in ("norm", "final_layernorm", "ln_f"):
+            module = getattr(self._layer_owner, name, None)
+            if isinstance(module, nn.Module):
+                return module
+        return None
+
+    @property
     def device(self) -> torch.device:
         return self.lm_head_weight.device
 

@@ -69,7 +69,9 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled", categ
 RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "train.save_every_steps",
                      "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
                      "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile",
-                     "train.max_bad_steps"}
+                     "train.max_bad_steps", "train.drafter_init"}  # (the checkpoint's weights win)
+# Keys added after checkpoints were written: absent from an older checkpoint's config means this value.
+ADDED_KEYS = {"data.trim_loops": False}
 
 
 def _rank() -> int:
@@ -318,7 +320,7 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
         name = f"{prefix}{key}"
         if name in RESUMABLE_CHANGES or name.split(".")[0] in RESUMABLE_CHANGES:
             continue
-        a, b = saved.get(key), current.get(key)
+        a, b = saved.get(key, ADDED_KEYS.get(name)), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += config_differences(a, b, name + ".")
         elif _normal(a) != _normal(b):

@@ -18,6 +18,7 @@ from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
+from dflash_train.models.target_init import init_from_target
 from dflash_train.objective.blocks import default_gamma
 from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train.features import LocalFeatures
@@ -95,6 +96,9 @@ class Trainer:
         self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
         if cfg.train.init_from:
             self._warm_start(cfg.train.init_from)
+        elif cfg.train.drafter_init == "target":  # before DDP/FSDP and the optimizer; a resume loads over it
+            ids = init_from_target(self.drafter, self.target)
+            self.echo(f"drafter layers start as target layers {ids} and its final norm (train.drafter_init=target)")
         self.opts = self._objective_options()
         self.compiled = cfg.train.compile and self.device.type == "cuda"
         # what a step calls: the drafter, or its DDP wrapper
