@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                    help="hf: reference loops over the Hugging Face cache (any temperature); static: "
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
                         "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="static engine: torch.compile each step before CUDA-graph capture (default: on with CUDA, "
+                        "off on CPU); a compile failure warns and keeps the uncompiled step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
           f"block {args.block_size or drafter.block_size}, T={args.temperature}", file=sys.stderr)
     options = EvalOptions(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                           temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-                          seed=args.seed, progress=True, engine=args.engine)
+                          seed=args.seed, progress=True, engine=args.engine, compile=args.compile)
     report = evaluate(target, drafter, ids, options)
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)
