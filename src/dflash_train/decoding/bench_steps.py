@@ -20,6 +20,7 @@ layers, block 16, default feature layers): a step's cost does not depend on its 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -29,15 +30,17 @@ import torch
 
 from .static import StaticDecoder
 
-# name -> StaticDecoder options; the default list on CUDA runs them all, the slow autotune last
+# name -> StaticDecoder options (+ "blas": the cuBLAS front end for the variant); the default
+# list on CUDA runs them all in this order, the slow autotuning last
 VARIANTS = {
     "eager": {"mode": "eager"},
     "cudagraph-stock": {"mode": "cudagraph", "grouped_attention": False},  # the previous engine
     "cudagraph": {"mode": "cudagraph"},
+    "cudagraph-cublaslt": {"mode": "cudagraph", "blas": "cublaslt"},
     "compile+cudagraph": {"mode": "cudagraph", "compile": "default"},
+    "compile": {"mode": "eager", "compile": "default"},
     "compile+cudagraph-stock": {"mode": "cudagraph", "compile": "default", "grouped_attention": False},
     "autotune+cudagraph": {"mode": "cudagraph", "compile": "max-autotune-no-cudagraphs"},
-    "compile": {"mode": "eager", "compile": "default"},
 }
 CPU_VARIANTS = ("eager", "compile")
 STEPS = ("plain", "verify", "draft")
@@ -105,26 +108,30 @@ def time_step(step, replays: int, device) -> dict:
     return _percentiles(ms)
 
 
-def kernel_profile(fn, device, top: int = 6) -> dict | None:
-    """CUDA kernels launched by one call of ``fn`` (after a warm-up call): count and the
-    ``top`` kernels by total time. ``None`` off CUDA."""
+def kernel_profile(fn, device, top: int = 8) -> dict | None:
+    """GPU activities (kernels, memcpy/memset) of one call of ``fn`` after a warm-up call:
+    their count, summed GPU time and the ``top`` by total time. ``None`` off CUDA; a
+    profiler failure is reported, not raised (the timings matter more)."""
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    try:
         fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    totals: dict[str, list] = {}
-    for e in kernels:
-        entry = totals.setdefault(e.name[:90], [0, 0.0])
-        entry[0] += 1
-        entry[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        totals: dict[str, list] = {}
+        for e in kernels:
+            entry = totals.setdefault(e.name[:100], [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {err}"}
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"kernels": len(kernels), "gpu_us": sum(v[1] for v in totals.values()),
+    return {"kernels": len(kernels), "gpu_us": round(sum(v[1] for v in totals.values()), 1),
             "top": [{"name": k, "count": c, "us": round(us, 1)} for k, (c, us) in ranked]}
 
 
@@ -136,14 +143,35 @@ def _set_step_inputs(dec: StaticDecoder, p: int) -> None:
     dec.anchor_pos.fill_(p)
 
 
+@contextlib.contextmanager
+def blas_library(name: str | None):
+    """``torch.backends.cuda.preferred_blas_library(name)`` inside the block (None: as is)."""
+    if name is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 def bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> dict:
+    blas = opts.pop("blas", None)
+    with blas_library(blas):
+        out = _bench_variant(target, drafter, opts, args, prompt)
+    return {**out, "blas": blas or "default"}
+
+
+def _bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> dict:
     device = target.device
     dec = StaticDecoder(target, drafter, max_len=-(-(args.prompt_len + args.new_tokens + args.block_size + 1) // 64)
                         * 64, block_size=args.block_size, **opts)
     t0 = time.perf_counter()
     spec = dec.speculative(prompt, args.new_tokens)  # captures / compiles verify and draft
     plain = dec.plain(prompt, args.new_tokens)
-    out = {"options": opts, "setup_s": time.perf_counter() - t0}
+    out = {"options": dict(opts), "setup_s": time.perf_counter() - t0}
     from .grouped import grouped_sdpa
 
     with torch.no_grad(), grouped_sdpa(target.model, dec.grouped_attention):
