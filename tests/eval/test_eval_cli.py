@@ -174,3 +174,11 @@ def test_eval_options_are_checked_and_exclusive(tiny_target):
     with pytest.raises(ValueError, match="either an EvalOptions or its fields"):
         evaluate(tiny_target, None, [[1, 2]], EvalOptions(), baseline=False)
 
+
+
+def test_compile_option_defaults_to_cuda_only():
+    from dflash_train.eval.cli import _compile_option
+
+    assert _compile_option(None, "default", "cuda:0") == "default" and _compile_option(None, "default", "cpu") is False
+    assert _compile_option(False, "default", "cuda") is False
+    assert _compile_option(True, "max-autotune-no-cudagraphs", "cpu") == "max-autotune-no-cudagraphs"

@@ -133,7 +133,7 @@ class EvalOptions:
     warmup: bool = True
     progress: bool = False
     engine: str = "hf"
-    compile: bool | None = None  # static engine: torch.compile the steps (None: on CUDA only)
+    compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -179,10 +179,11 @@ def resolve_engine(engine: str, temperature: float) -> str:
     return "static" if temperature <= 0 else "hf"
 
 
-def static_compile(compile: bool | None, device) -> bool:
+def static_compile(compile: bool | str | None, device) -> bool | str:
     """The static engine compiles its steps on CUDA by default (launch-bound steps: fewer,
-    fused kernels); CPU steps are compute-bound and compile slowly."""
-    return torch.device(device).type == "cuda" if compile is None else bool(compile)
+    fused kernels); CPU steps are compute-bound and compile slowly. A string is an
+    inductor mode (compile on)."""
+    return torch.device(device).type == "cuda" if compile is None else compile
 
 
 def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None):
