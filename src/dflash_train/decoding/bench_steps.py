@@ -25,6 +25,7 @@ import json
 import statistics
 import time
 import traceback
+import warnings
 
 import torch
 
@@ -59,6 +60,8 @@ def parse_args(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--drafter-layers", type=int, default=4)
+    ap.add_argument("--time-budget-s", type=float, default=None,
+                    help="start no new variant after this many seconds (the rest report 'skipped')")
     return ap.parse_args(argv)
 
 
@@ -215,16 +218,25 @@ def main(argv=None) -> dict:
               "dtype": args.dtype, "device": str(device), "block_size": args.block_size,
               "prompt_len": args.prompt_len, "replays": args.replays, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "variants": {}}
+    start = time.perf_counter()
     for name in names:
-        print(f"[bench_steps] {name} ...", flush=True)
-        try:
-            report["variants"][name] = bench_variant(target, drafter, dict(VARIANTS[name]), args, prompt)
-        except Exception as err:  # noqa: BLE001 - one variant's failure must not hide the others
-            report["variants"][name] = {"error": f"{type(err).__name__}: {err}",
-                                        "traceback": traceback.format_exc()[-2000:]}
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if args.time_budget_s is not None and elapsed > args.time_budget_s:
+            report["variants"][name] = {"error": f"skipped: time budget {args.time_budget_s:.0f}s spent"}
+            continue
+        print(f"[bench_steps] {name} ... ({elapsed:.0f}s)", flush=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                report["variants"][name] = bench_variant(target, drafter, dict(VARIANTS[name]), args, prompt)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as err:  # noqa: BLE001 - one variant's failure must not hide the others
+                report["variants"][name] = {"error": f"{type(err).__name__}: {err}",
+                                            "traceback": traceback.format_exc()[-2000:]}
+        report["variants"][name]["warnings"] = sorted({str(w.message)[:300] for w in caught})[:8]
         _write(report, args.out)
+    _write(report, args.out)
     _summary(report)
     return report
 
