@@ -85,3 +85,23 @@ def test_compile_option_is_checked():
     target = Target(tiny_qwen3(vocab=64))
     with pytest.raises(ValueError, match="compile"):
         StaticDecoder(target, tiny_drafter(target, block_size=4)[0], max_len=32, compile="turbo")
+
+
+def test_fused_projections_decode_like_reference_and_restore(smollm2):
+    """One GEMM per q/k/v and gate/up group: a wrong split (sizes, order) changes every
+    token; the original projections must be back after decoding."""
+    from dflash_train.decoding.fused import _Lead
+
+    target = smollm2
+    drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, seed=6)
+    decoder = StaticDecoder(target, drafter.eval(), max_len=64, mode="eager", fuse_projections=True)
+    assert len(decoder.fused.swaps) == 5 * len(target.layers)
+    ids = target.tokenizer("Water boils at", return_tensors="pt").input_ids
+    ref = speculative_generate(target, drafter, ids, 12)
+    out = decoder.speculative(ids, 12)
+    assert out.tokens == ref.tokens == target_generate(target, ids, 12).tokens
+    assert out.acceptance_lengths == ref.acceptance_lengths
+    assert decoder.plain(ids, 12).tokens == ref.tokens
+    assert all(len(rep.shared.parts) > 0 for _, _, _, rep in decoder.fused.swaps)  # the fused path ran
+    assert isinstance(target.layers[0].self_attn.q_proj, torch.nn.Linear)
+    assert not any(isinstance(m, _Lead) for m in target.modules())

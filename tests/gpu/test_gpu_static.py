@@ -34,8 +34,9 @@ def _prompts(n):
             for _ in range(n)]
 
 
-@pytest.mark.parametrize("options", [{}, {"grouped_attention": False}, {"compile": True}],
-                         ids=["cudagraph", "cudagraph-stock-attention", "compile+cudagraph"])
+@pytest.mark.parametrize("options", [{}, {"grouped_attention": False}, {"compile": True},
+                                     {"compile": True, "fuse_projections": True}],
+                         ids=["cudagraph", "cudagraph-stock-attention", "compile+cudagraph", "compile+fused"])
 def test_cuda_graph_decoding_equals_reference(cuda_pair, options):
     """Graph replays must read the fixed input tensors written before each replay; a graph that
     captured stale inputs or fell back to eager (or to the uncompiled step) would fail the

@@ -39,6 +39,8 @@ VARIANTS = {
     "cudagraph": {"mode": "cudagraph"},
     "cudagraph-cublaslt": {"mode": "cudagraph", "blas": "cublaslt"},
     "compile+cudagraph": {"mode": "cudagraph", "compile": "default"},
+    "cudagraph-fused": {"mode": "cudagraph", "fuse_projections": True},
+    "compile+cudagraph-fused": {"mode": "cudagraph", "compile": "default", "fuse_projections": True},
     "compile": {"mode": "eager", "compile": "default"},
     "compile+cudagraph-stock": {"mode": "cudagraph", "compile": "default", "grouped_attention": False},
     "autotune+cudagraph": {"mode": "cudagraph", "compile": "max-autotune-no-cudagraphs"},
@@ -175,9 +177,7 @@ def _bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> d
     spec = dec.speculative(prompt, args.new_tokens)  # captures / compiles verify and draft
     plain = dec.plain(prompt, args.new_tokens)
     out = {"options": dict(opts), "setup_s": time.perf_counter() - t0}
-    from .grouped import grouped_sdpa
-
-    with torch.no_grad(), grouped_sdpa(target.model, dec.grouped_attention):
+    with torch.no_grad(), dec.patched():
         _set_step_inputs(dec, args.prompt_len)
         steps = {"plain": dec.plain_step, "verify": dec.verify_step, "draft": dec.draft_step}
         for name, step in steps.items():
