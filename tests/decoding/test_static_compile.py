@@ -105,3 +105,22 @@ def test_fused_projections_decode_like_reference_and_restore(smollm2):
     assert all(len(rep.shared.parts) > 0 for _, _, _, rep in decoder.fused.swaps)  # the fused path ran
     assert isinstance(target.layers[0].self_attn.q_proj, torch.nn.Linear)
     assert not any(isinstance(m, _Lead) for m in target.modules())
+
+
+def test_fused_projections_refuse_out_of_order_calls():
+    """A layer calling k_proj on another input than q_proj's must fail loudly, not read
+    the previous call's parts."""
+    from dflash_train.decoding.fused import FusedProjections
+
+    model = tiny_qwen3(vocab=64)
+    layers = Target(model).layers
+    fused = FusedProjections(layers)
+    attn = layers[0].self_attn
+    x = torch.randn(1, 3, attn.q_proj.in_features)
+    with fused.applied():
+        q = attn.q_proj(x)
+        torch.testing.assert_close(attn.k_proj(x), torch.nn.functional.linear(x, fused.swaps[1][2].weight))
+        assert q.shape[-1] == fused.swaps[0][2].out_features
+        with pytest.raises(RuntimeError, match="another input"):
+            attn.v_proj(x.clone())
+    assert attn.q_proj is fused.swaps[0][2]

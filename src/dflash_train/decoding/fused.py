@@ -34,6 +34,7 @@ class _Shared:
         self.bias = torch.cat(biases).detach() if all(b is not None for b in biases) else None
         self.sizes = [lin.out_features for lin in linears]
         self.parts: list[torch.Tensor] = []
+        self.input: torch.Tensor | None = None
 
 
 class _Lead(nn.Module):
@@ -45,7 +46,7 @@ class _Lead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.shared.weight, self.shared.bias).split(self.shared.sizes, dim=-1)
-        self.shared.parts = list(out[1:])
+        self.shared.parts, self.shared.input = list(out[1:]), x
         return out[0]
 
 
@@ -57,6 +58,9 @@ class _Follower(nn.Module):
         self.shared, self.index = shared, index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x is not self.shared.input:  # a layer that does not call q, k, v (gate, up) in order on one input
+            raise RuntimeError("fused projections: a projection ran on another input than its group's first; "
+                               "run this model with fuse_projections=False")
         return self.shared.parts[self.index]
 
 

@@ -15,7 +15,9 @@ step has a fixed shape, so on CUDA it is captured once as a CUDA graph and repla
   the unused rows of the fixed-size input are written to the scratch slot, which no
   query can see;
 * one host sync per verify step: the drafts and the target's argmax come back together
-  (``B`` + ``B`` integers) to decide acceptance, exactly as :func:`greedy_accept`.
+  (``B`` + ``B`` integers) to decide acceptance, exactly as :func:`greedy_accept`. The
+  draft/verify time split comes from CUDA events, not from extra syncs: it is GPU time
+  from the draft's inputs to the verify launch, and of the verify step itself.
 
 Fewer GPU kernels per step (the steps are launch-bound for a small target):
 
@@ -151,6 +153,24 @@ class _Graphed:
                           stacklevel=2)
             self.use_graph, self.graph = False, None
             return self.fn()
+
+
+class _Clock:
+    """Marks on the device's timeline for the draft/verify split: CUDA events on a GPU (no
+    extra host sync: read after the step's own sync), ``perf_counter`` on a CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
 class StaticDecoder:
@@ -298,27 +318,29 @@ class StaticDecoder:
         p = prompt_len  # position of the last committed token; the target has seen 0..p-1
         # the prompt's features enter the drafter's context eagerly (variable length)
         self.anchor.fill_(first)
+        clock = _Clock(self.device)
+        mark_draft = clock.mark()
         drafts = self._draft(features, torch.tensor(prompt_len, device=self.device),
                              torch.tensor(p, device=self.device), self.anchor) if not finished else None
         while not finished:
-            ta = time.perf_counter()
             self.verify_ids[0, 0] = generated[-1]
             self.verify_ids[0, 1:].copy_(drafts)
             torch.add(self.offsets, p, out=self.verify_pos[0])
-            _sync(self.device)
-            tb = time.perf_counter()
+            mark_verify = clock.mark()
             both, features = self.verify_step()
-            both = both.tolist()  # the one host sync
+            mark_done = clock.mark()
+            both = both.tolist()  # the one host sync per verify step
+            result.draft_time += clock.seconds(mark_draft, mark_verify)
+            result.verify_time += clock.seconds(mark_verify, mark_done)
             draft_list, choice = both[:num_draft], both[num_draft:]
             accepted = next((k for k in range(num_draft) if draft_list[k] != choice[k]), num_draft)
-            result.draft_time += tb - ta
-            result.verify_time += time.perf_counter() - tb
             record_step(result, accepted, num_draft)
             new, finished = _truncate(draft_list[:accepted] + [choice[accepted]], max_new_tokens - len(generated),
                                       stop)
             generated += new
             if not finished:
                 p += accepted + 1
+                mark_draft = clock.mark()
                 self.new_features.copy_(features)
                 self.num_new.fill_(accepted + 1)
                 self.anchor_pos.fill_(p)
