@@ -177,7 +177,11 @@ class StaticDecoder:
     """Greedy plain and DFlash speculative decoding of one prompt at a time, static shapes.
 
     ``max_len`` bounds prompt + new tokens + one block; buffers and graphs are built once
-    and reused for every prompt."""
+    and reused for every prompt. ``mode``: eager or CUDA graphs (auto: graphs on CUDA);
+    ``compile``: torch.compile each step first (True or an inductor mode in
+    :data:`COMPILE_MODES`); ``grouped_attention``: grouped-query attention without K/V
+    copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group. All four change
+    float rounding only, never the algorithm: tokens equal plain greedy in float32 (tests)."""
 
     def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto",
                  compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False):
@@ -234,14 +238,15 @@ class StaticDecoder:
 
     # ------------------------------------------------------------------ the forwards
     def _target(self, ids: torch.Tensor, pos: torch.Tensor, features: bool):
-        """Target forward of ``ids`` [1, q] at positions ``pos`` [1, q]: (logits [q, V], features)."""
+        """Target forward of ``ids`` [1, q] at positions ``pos`` [1, q]: (logits [q, V] in the
+        target's dtype, features). Argmax needs no float copy: widening is exact."""
         neg = torch.finfo(self.dtype).min
         mask = torch.where(self.cols[None, :] <= pos[0][:, None], 0.0, neg).to(self.dtype)[None, None]
         self.kv.pos, self.kv.rows = pos[0], slice(None)
         out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                                 **{cache_kwarg(self.target.model): self.kv})
         feats = torch.cat([self.tap.out[i] for i in self.layer_ids], dim=-1) if features else None
-        return out.logits[0].float(), feats  # .float() is free in float32
+        return out.logits[0], feats
 
     def _verify(self):
         """The graphed verify step: ([drafts ; target argmax] as 2(B-1)+1 ids, features)."""
@@ -251,7 +256,7 @@ class StaticDecoder:
     def _plain(self):
         """The graphed plain step: (last logits [V], their argmax)."""
         logits, _ = self._target(self.plain_ids, self.plain_pos, False)
-        return logits[-1], logits[-1].argmax()
+        return logits[-1].float(), logits[-1].argmax()  # float: recorded top-k values, as the reference
 
     def _draft(self, features: torch.Tensor, num_new: torch.Tensor, p: torch.Tensor, anchor: torch.Tensor):
         """Drafts for positions ``p+1 .. p+B-1`` after adding the first ``num_new`` rows of
@@ -368,7 +373,7 @@ class StaticDecoder:
         _sync(self.device)
         t0 = time.perf_counter()
         logits, _ = self._prefill(input_ids, False)
-        logits, t1 = logits[-1], None
+        logits, t1 = logits[-1].float(), None
         choice = logits.argmax()
         while True:
             if record_topk:
