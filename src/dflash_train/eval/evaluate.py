@@ -232,8 +232,9 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
     spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile)
-    if warmup:  # first calls pay for allocator / kernel selection / graph capture; keep them out of the timings
-        n = min(4, max_new_tokens)
+    if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
+        # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
+        n = min(2 * block + 1, max_new_tokens)
         spec_fn(prompts[0], n, gen.manual_seed(seed))
         if baseline:
             plain_fn(prompts[0], n, gen.manual_seed(seed))
