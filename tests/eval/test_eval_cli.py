@@ -151,6 +151,14 @@ def test_evaluate_static_engine_reports_like_hf():
     assert static["engine"] == "static" and static["lossless"]["ok"]
     for key in ("mean_tau", "tau_per_prompt", "num_verify_steps"):
         assert static[key] == hf[key], key
+    assert static["static_compile"] is False  # CPU default
+    # the time split per verify step, against one plain step
+    steps = static["num_verify_steps"]
+    assert static["ms_per_verify_step"] == pytest.approx(1e3 * static["spec_verify_time_s"] / steps)
+    assert static["ms_per_draft_step"] == pytest.approx(1e3 * static["spec_draft_time_s"] / steps)
+    assert static["ms_per_plain_step"] == pytest.approx(1e3 / static["target_decode_tokens_per_s"])
+    assert static["break_even_tau"] == pytest.approx(
+        (static["ms_per_verify_step"] + static["ms_per_draft_step"]) / static["ms_per_plain_step"])
     with pytest.raises(ValueError, match="greedily only"):
         evaluate(target, drafter, ids, max_new_tokens=4, temperature=0.7, baseline=False, engine="static")
 
@@ -166,3 +174,11 @@ def test_eval_options_are_checked_and_exclusive(tiny_target):
     with pytest.raises(ValueError, match="either an EvalOptions or its fields"):
         evaluate(tiny_target, None, [[1, 2]], EvalOptions(), baseline=False)
 
+
+
+def test_compile_option_defaults_to_cuda_only():
+    from dflash_train.eval.cli import _compile_option
+
+    assert _compile_option(None, "default", "cuda:0") == "default" and _compile_option(None, "default", "cpu") is False
+    assert _compile_option(False, "default", "cuda") is False
+    assert _compile_option(True, "max-autotune-no-cudagraphs", "cpu") == "max-autotune-no-cudagraphs"

@@ -34,11 +34,15 @@ def _prompts(n):
             for _ in range(n)]
 
 
-def test_cuda_graph_decoding_equals_reference(cuda_pair):
+@pytest.mark.parametrize("options", [{}, {"grouped_attention": False}, {"compile": True},
+                                     {"compile": True, "fuse_projections": True}],
+                         ids=["cudagraph", "cudagraph-stock-attention", "compile+cudagraph", "compile+fused"])
+def test_cuda_graph_decoding_equals_reference(cuda_pair, options):
     """Graph replays must read the fixed input tensors written before each replay; a graph that
-    captured stale inputs or fell back to eager would fail the equality or the ``use_graph`` check."""
+    captured stale inputs or fell back to eager (or to the uncompiled step) would fail the
+    equality or the ``use_graph`` / ``compiled`` checks."""
     target, drafter = cuda_pair
-    decoder = StaticDecoder(target, drafter, max_len=96, mode="cudagraph")
+    decoder = StaticDecoder(target, drafter, max_len=96, mode="cudagraph", **options)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a capture failure warns and falls back: make it fail here
         for ids in _prompts(3):
@@ -49,3 +53,31 @@ def test_cuda_graph_decoding_equals_reference(cuda_pair):
             assert decoder.plain(ids, 32).tokens == ref.tokens
     graphs = (decoder.verify_step, decoder.draft_step, decoder.plain_step)
     assert all(step.use_graph and step.graph is not None for step in graphs)
+    assert all(step.compiled == bool(options.get("compile")) for step in graphs)
+
+
+def test_compiled_graphs_on_smollm2_equal_reference():
+    """The eval default on CUDA (compiled steps inside CUDA graphs) on the real target in
+    float32: plain greedy's tokens and the reference loop's acceptance lengths."""
+    from pathlib import Path
+
+    from dflash_train.testing import tiny_drafter as make_drafter
+
+    path = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
+    if not (path / "config.json").exists():
+        pytest.skip("assets/smollm2 missing")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = Target.load(path, dtype=torch.float32, device="cuda")
+    drafter = make_drafter(target, num_layers=4, block_size=16, seed=5)[0].cuda().eval()
+    decoder = StaticDecoder(target, drafter, max_len=192, mode="cudagraph", compile=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for text in ["The capital of France is", "def fibonacci(n):", "Write a haiku about the sea."]:
+            ids = target.tokenizer(text, return_tensors="pt").input_ids.cuda()
+            ref = speculative_generate(target, drafter, ids, 64)
+            out = decoder.speculative(ids, 64)
+            assert out.tokens == ref.tokens == target_generate(target, ids, 64).tokens
+            assert out.acceptance_lengths == ref.acceptance_lengths
+            assert decoder.plain(ids, 64).tokens == ref.tokens
+    assert all(s.compiled and s.graph is not None for s in (decoder.verify_step, decoder.plain_step,
+                                                             decoder.draft_step))

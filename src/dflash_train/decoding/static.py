@@ -15,7 +15,22 @@ step has a fixed shape, so on CUDA it is captured once as a CUDA graph and repla
   the unused rows of the fixed-size input are written to the scratch slot, which no
   query can see;
 * one host sync per verify step: the drafts and the target's argmax come back together
-  (``B`` + ``B`` integers) to decide acceptance, exactly as :func:`greedy_accept`.
+  (``B`` + ``B`` integers) to decide acceptance, exactly as :func:`greedy_accept`. The
+  draft/verify time split comes from CUDA events, not from extra syncs: it is GPU time
+  from the draft's inputs to the verify launch, and of the verify step itself.
+
+Fewer GPU kernels per step (the steps are launch-bound for a small target):
+
+* the verify step returns the target's argmax next to the drafts, so the host syncs on
+  one ready tensor (no argmax/cat kernels outside the graph); the plain step likewise;
+* the target's features come from forward hooks registered once per decoder
+  (:class:`_FeatureTap`), not per call, so ``torch.compile`` can trace the step;
+* grouped-query attention without ``repeat_kv`` copies of the cache (:mod:`.grouped`);
+* optionally (``fuse_projections``) one GEMM for q/k/v and one for gate/up per target
+  layer (:mod:`.fused`): 4 matrix products per layer instead of 7;
+* ``compile=True`` (or an inductor mode name) runs each step through ``torch.compile``
+  (static shapes) before capture: inductor fuses the norms, RoPE and masks. A failure
+  to compile warns and keeps the uncompiled step.
 
 Prompts (variable length) run eagerly through the same functions. Greedy only: the
 sampling path keeps the reference loop. Any capture failure falls back to eager with a
@@ -25,8 +40,10 @@ acceptance lengths equal :func:`~.speculative.speculative_generate`'s (tests).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -35,9 +52,12 @@ from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
 from .cache import KVBuffers, capture_cuda_graph
+from .fused import FusedProjections
+from .grouped import grouped_sdpa
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # ours capture the graph: no inductor cudagraphs
 
 
 class StaticDrafterCache:
@@ -59,14 +79,64 @@ class StaticDrafterCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
-class _Graphed:
-    """``fn()`` (reading and writing only fixed tensors) run eagerly or as a CUDA graph."""
+class _FeatureTap:
+    """Forward hooks on the feature layers, registered once: the raw output of layer ``i``
+    lands in ``out[i]`` at every target forward (the same tensors as
+    ``Target.forward_with_features``, whose per-call hook registration would stop
+    ``torch.compile`` tracing the step). ``close`` (or the owner's collection) removes them."""
 
-    def __init__(self, fn, use_graph: bool):
-        self.fn, self.use_graph = fn, use_graph
+    def __init__(self, layers, layer_ids: list[int], owner):
+        self.out: dict[int, torch.Tensor] = {}
+        self.handles = [layers[i].register_forward_hook(_store_output(self.out, i)) for i in layer_ids]
+        weakref.finalize(owner, self.close)
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _store_output(out: dict, i: int):
+    def hook(_module, _args, output):
+        out[i] = output[0] if isinstance(output, tuple) else output
+    return hook
+
+
+def _compile(fn, mode: str):
+    import torch._dynamo as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):  # three steps, one shape each
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), 16))
+    return torch.compile(fn, dynamic=False, mode=None if mode == "default" else mode)
+
+
+class _Graphed:
+    """``fn()`` (reading and writing only fixed tensors) run eagerly or as a CUDA graph,
+    optionally compiled first. Failures degrade one level at a time with a warning:
+    compiled graph -> uncompiled graph -> eager. ``fn`` must be idempotent (a warm-up run
+    before capture writes the same K/V again)."""
+
+    def __init__(self, fn, use_graph: bool, compile_mode: str | None = None):
+        self.eager_fn, self.use_graph = fn, use_graph
+        self.fn = _compile(fn, compile_mode) if compile_mode else fn
+        self.compiled, self.warm = compile_mode is not None, False
         self.graph, self.outputs = None, None
 
+    def _uncompile(self, err: Exception, what: str) -> None:
+        warnings.warn(f"static eval: compiled step failed at {what} ({type(err).__name__}: {err}); "
+                      "using the uncompiled step", stacklevel=3)
+        self.fn, self.compiled, self.graph = self.eager_fn, False, None
+
     def __call__(self):
+        if self.compiled and not self.warm:  # compile (and autotune) outside any capture
+            try:
+                out = self.fn()
+                self.warm = True
+                if not self.use_graph:
+                    return out
+            except Exception as err:  # noqa: BLE001 - any compile failure: keep the plain step
+                self._uncompile(err, "compile")
         if not self.use_graph:
             return self.fn()
         try:
@@ -74,23 +144,52 @@ class _Graphed:
                 self.graph, self.outputs = capture_cuda_graph(self.fn)
             self.graph.replay()
             return self.outputs
-        except Exception as err:  # noqa: BLE001 - any capture failure: eager from now on
+        except Exception as err:  # noqa: BLE001 - any capture failure: one level down
+            torch.cuda.synchronize()
+            if self.compiled:
+                self._uncompile(err, "capture")
+                return self()
             warnings.warn(f"static eval: CUDA graph failed ({type(err).__name__}: {err}); running eagerly",
                           stacklevel=2)
             self.use_graph, self.graph = False, None
-            torch.cuda.synchronize()
             return self.fn()
+
+
+class _Clock:
+    """Marks on the device's timeline for the draft/verify split: CUDA events on a GPU (no
+    extra host sync: read after the step's own sync), ``perf_counter`` on a CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
 
 
 class StaticDecoder:
     """Greedy plain and DFlash speculative decoding of one prompt at a time, static shapes.
 
     ``max_len`` bounds prompt + new tokens + one block; buffers and graphs are built once
-    and reused for every prompt."""
+    and reused for every prompt. ``mode``: eager or CUDA graphs (auto: graphs on CUDA);
+    ``compile``: torch.compile each step first (True or an inductor mode in
+    :data:`COMPILE_MODES`); ``grouped_attention``: grouped-query attention without K/V
+    copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group. All four change
+    float rounding only, never the algorithm: tokens equal plain greedy in float32 (tests)."""
 
-    def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto"):
+    def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto",
+                 compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        compile_mode = "default" if compile is True else (compile or None)
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile must be a bool or one of {COMPILE_MODES}, got {compile!r}")
         self.target, self.drafter = target, drafter
         self.device = target.device
         on_cuda = self.device.type == "cuda"
@@ -113,12 +212,14 @@ class StaticDecoder:
         self.dcache = StaticDrafterCache(len(drafter.layers), first.num_kv_heads, first.head_dim, self.max_len + 1,
                                          self.drafter_dtype, self.device)
         self.cols = torch.arange(self.max_len, device=self.device)
+        self.grouped_attention = grouped_attention
+        self.fused = FusedProjections(target.layers) if fuse_projections else None
+        self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
         self._inputs()
-        self.verify_step = _Graphed(lambda: self._target(self.verify_ids, self.verify_pos, self.layer_ids),
-                                    self.use_graph)
-        self.plain_step = _Graphed(lambda: self._target(self.plain_ids, self.plain_pos, []), self.use_graph)
+        self.verify_step = _Graphed(self._verify, self.use_graph, compile_mode)
+        self.plain_step = _Graphed(self._plain, self.use_graph, compile_mode)
         self.draft_step = _Graphed(lambda: self._draft(self.new_features, self.num_new, self.anchor_pos, self.anchor),
-                                   self.use_graph)
+                                   self.use_graph, compile_mode)
 
     def _inputs(self) -> None:
         """The fixed tensors the captured steps read (written before each replay)."""
@@ -135,19 +236,27 @@ class StaticDecoder:
         self.offsets = torch.arange(b, device=dev)
         self.mask_ids = torch.full((1, b - 1), self.mask_token_id, dtype=torch.long, device=dev)
 
-    # ------------------------------------------------------------------ the two forwards
-    def _target(self, ids: torch.Tensor, pos: torch.Tensor, layer_ids: list[int]):
-        """Target forward of ``ids`` [1, q] at positions ``pos`` [1, q]: (logits [q, V], features)."""
+    # ------------------------------------------------------------------ the forwards
+    def _target(self, ids: torch.Tensor, pos: torch.Tensor, features: bool):
+        """Target forward of ``ids`` [1, q] at positions ``pos`` [1, q]: (logits [q, V] in the
+        target's dtype, features). Argmax needs no float copy: widening is exact."""
         neg = torch.finfo(self.dtype).min
         mask = torch.where(self.cols[None, :] <= pos[0][:, None], 0.0, neg).to(self.dtype)[None, None]
         self.kv.pos, self.kv.rows = pos[0], slice(None)
-        kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "use_cache": True,
-                  cache_kwarg(self.target.model): self.kv}
-        if layer_ids:
-            out, features = self.target.forward_with_features(layer_ids, **kwargs)
-        else:
-            out, features = self.target.model(**kwargs), None
-        return out.logits[0].float(), features
+        out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                                **{cache_kwarg(self.target.model): self.kv})
+        feats = torch.cat([self.tap.out[i] for i in self.layer_ids], dim=-1) if features else None
+        return out.logits[0], feats
+
+    def _verify(self):
+        """The graphed verify step: ([drafts ; target argmax] as 2(B-1)+1 ids, features)."""
+        logits, features = self._target(self.verify_ids, self.verify_pos, True)
+        return torch.cat([self.verify_ids[0, 1:], logits.argmax(-1)]), features
+
+    def _plain(self):
+        """The graphed plain step: (last logits [V], their argmax)."""
+        logits, _ = self._target(self.plain_ids, self.plain_pos, False)
+        return logits[-1].float(), logits[-1].argmax()  # float: recorded top-k values, as the reference
 
     def _draft(self, features: torch.Tensor, num_new: torch.Tensor, p: torch.Tensor, anchor: torch.Tensor):
         """Drafts for positions ``p+1 .. p+B-1`` after adding the first ``num_new`` rows of
@@ -170,19 +279,33 @@ class StaticDecoder:
                             self.drafter.sliding_window, self.device)
 
     # ------------------------------------------------------------------ decoding
+    @contextlib.contextmanager
+    def patched(self):
+        """The target as the steps run it: grouped attention, fused projections (if on).
+        Restored on exit, so reference loops sharing the target run it unchanged."""
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(grouped_sdpa(self.target.model, self.grouped_attention))
+            if self.fused is not None:
+                stack.enter_context(self.fused.applied())
+            yield
+
     def _check_length(self, prompt_len: int, max_new_tokens: int) -> None:
         if prompt_len + max_new_tokens + self.block > self.max_len:
             raise ValueError(f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + block ({self.block}) "
                              f"exceeds the decoder's max_len {self.max_len}")
 
-    def _prefill(self, input_ids: torch.Tensor, layer_ids: list[int]):
+    def _prefill(self, input_ids: torch.Tensor, features: bool):
         n = input_ids.shape[1]
         pos = torch.arange(n, device=self.device)[None]
-        return self._target(input_ids.to(self.device), pos, layer_ids)
+        return self._target(input_ids.to(self.device), pos, features)
 
     @torch.no_grad()
     def speculative(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids=()) -> SpecResult:
         """Greedy DFlash decoding; the same result fields as ``speculative_generate``."""
+        with self.patched():
+            return self._speculative(input_ids, max_new_tokens, stop_token_ids)
+
+    def _speculative(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids) -> SpecResult:
         prompt_len = input_ids.shape[1]
         self._check_length(prompt_len, max_new_tokens)
         num_draft, stop = self.block - 1, {int(t) for t in stop_token_ids}
@@ -191,7 +314,7 @@ class StaticDecoder:
             return result
         _sync(self.device)
         t0 = time.perf_counter()
-        logits, features = self._prefill(input_ids, self.layer_ids)
+        logits, features = self._prefill(input_ids, True)
         first = int(logits[-1].argmax())
         _sync(self.device)
         t1 = time.perf_counter()
@@ -200,27 +323,29 @@ class StaticDecoder:
         p = prompt_len  # position of the last committed token; the target has seen 0..p-1
         # the prompt's features enter the drafter's context eagerly (variable length)
         self.anchor.fill_(first)
+        clock = _Clock(self.device)
+        mark_draft = clock.mark()
         drafts = self._draft(features, torch.tensor(prompt_len, device=self.device),
                              torch.tensor(p, device=self.device), self.anchor) if not finished else None
         while not finished:
-            ta = time.perf_counter()
             self.verify_ids[0, 0] = generated[-1]
             self.verify_ids[0, 1:].copy_(drafts)
             torch.add(self.offsets, p, out=self.verify_pos[0])
-            _sync(self.device)
-            tb = time.perf_counter()
-            logits, features = self.verify_step()
-            both = torch.cat([self.verify_ids[0, 1:], logits.argmax(-1)]).tolist()  # the one host sync
+            mark_verify = clock.mark()
+            both, features = self.verify_step()
+            mark_done = clock.mark()
+            both = both.tolist()  # the one host sync per verify step
+            result.draft_time += clock.seconds(mark_draft, mark_verify)
+            result.verify_time += clock.seconds(mark_verify, mark_done)
             draft_list, choice = both[:num_draft], both[num_draft:]
             accepted = next((k for k in range(num_draft) if draft_list[k] != choice[k]), num_draft)
-            result.draft_time += tb - ta
-            result.verify_time += time.perf_counter() - tb
             record_step(result, accepted, num_draft)
             new, finished = _truncate(draft_list[:accepted] + [choice[accepted]], max_new_tokens - len(generated),
                                       stop)
             generated += new
             if not finished:
                 p += accepted + 1
+                mark_draft = clock.mark()
                 self.new_features.copy_(features)
                 self.num_new.fill_(accepted + 1)
                 self.anchor_pos.fill_(p)
@@ -235,6 +360,10 @@ class StaticDecoder:
     def plain(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids=(), record_topk: int = 0
               ) -> GenResult:
         """Greedy target-only decoding, one token per (graphed) step."""
+        with self.patched():
+            return self._plain_loop(input_ids, max_new_tokens, stop_token_ids, record_topk)
+
+    def _plain_loop(self, input_ids, max_new_tokens, stop_token_ids, record_topk) -> GenResult:
         prompt_len = input_ids.shape[1]
         self._check_length(prompt_len, max_new_tokens)
         stop, result = {int(t) for t in stop_token_ids}, GenResult([])
@@ -243,14 +372,15 @@ class StaticDecoder:
         top_vals, top_ids = [], []
         _sync(self.device)
         t0 = time.perf_counter()
-        logits, _ = self._prefill(input_ids, [])
-        logits, t1 = logits[-1], None
+        logits, _ = self._prefill(input_ids, False)
+        logits, t1 = logits[-1].float(), None
+        choice = logits.argmax()
         while True:
             if record_topk:
                 v, i = logits.topk(record_topk)
                 top_vals.append(v)  # topk allocates: the next replay does not overwrite these
                 top_ids.append(i)
-            tok = int(logits.argmax())
+            tok = int(choice)
             result.tokens.append(tok)
             if t1 is None:
                 t1 = time.perf_counter()
@@ -259,7 +389,7 @@ class StaticDecoder:
                 break
             self.plain_ids.fill_(tok)
             self.plain_pos.fill_(prompt_len + len(result.tokens) - 1)
-            logits = self.plain_step()[0][-1]
+            logits, choice = self.plain_step()
         _sync(self.device)
         result.decode_time = time.perf_counter() - t1
         if record_topk:

@@ -35,9 +35,21 @@ def register(subparsers) -> None:
                    help="hf: reference loops over the Hugging Face cache (any temperature); static: "
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
                         "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="static engine: torch.compile each step before CUDA-graph capture (default: on with CUDA, "
+                        "off on CPU); a compile failure warns and keeps the uncompiled step")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
+                   help="inductor mode when compiling (max-autotune-no-cudagraphs: autotuned GEMMs, "
+                        "minutes of compilation)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
+
+
+def _compile_option(flag: bool | None, mode: str, device: str) -> bool | str:
+    """``--compile/--no-compile`` (unset: on with CUDA) -> False or the inductor mode."""
+    on = flag if flag is not None else device.startswith("cuda")
+    return mode if on else False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
           f"block {args.block_size or drafter.block_size}, T={args.temperature}", file=sys.stderr)
     options = EvalOptions(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                           temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
-                          seed=args.seed, progress=True, engine=args.engine)
+                          seed=args.seed, progress=True, engine=args.engine,
+                          compile=_compile_option(args.compile, args.compile_mode, device))
     report = evaluate(target, drafter, ids, options)
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

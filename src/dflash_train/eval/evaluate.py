@@ -102,10 +102,17 @@ def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size:
         "spec_draft_time_s": sum(r.draft_time for r in spec),
         "spec_verify_time_s": sum(r.verify_time for r in spec),
     }
+    steps = len(taus)
+    out["ms_per_draft_step"] = 1e3 * _safe_div(out["spec_draft_time_s"], steps)
+    out["ms_per_verify_step"] = 1e3 * _safe_div(out["spec_verify_time_s"], steps)
     if plain is not None:
         plain_tokens = sum(max(0, len(r.tokens) - 1) for r in plain)
         out["target_decode_tokens_per_s"] = _safe_div(plain_tokens, sum(r.decode_time for r in plain))
         out["speedup"] = _safe_div(out["spec_decode_tokens_per_s"], out["target_decode_tokens_per_s"])
+        # the time split per verify step against one plain step; speculation pays when tau > break-even
+        out["ms_per_plain_step"] = 1e3 * _safe_div(1.0, out["target_decode_tokens_per_s"])
+        out["break_even_tau"] = _safe_div(out["ms_per_draft_step"] + out["ms_per_verify_step"],
+                                          out["ms_per_plain_step"])
     return out
 
 
@@ -126,6 +133,7 @@ class EvalOptions:
     warmup: bool = True
     progress: bool = False
     engine: str = "hf"
+    compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -171,7 +179,14 @@ def resolve_engine(engine: str, temperature: float) -> str:
     return "static" if temperature <= 0 else "hf"
 
 
-def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
+def static_compile(compile: bool | str | None, device) -> bool | str:
+    """The static engine compiles its steps on CUDA by default (launch-bound steps: fewer,
+    fused kernels); CPU steps are compute-bound and compile slowly. A string is an
+    inductor mode (compile on)."""
+    return torch.device(device).type == "cuda" if compile is None else compile
+
+
+def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):
@@ -188,7 +203,7 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common):
 
     longest = max(p.shape[1] for p in prompts)
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
-                            block_size=block)
+                            block_size=block, compile=static_compile(compile, target.device))
     stop = common["stop_token_ids"]
     return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
@@ -216,9 +231,10 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     gen = torch.Generator(device=device)
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
-    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common)
-    if warmup:  # first calls pay for allocator / kernel selection / graph capture; keep them out of the timings
-        n = min(4, max_new_tokens)
+    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile)
+    if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
+        # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
+        n = min(2 * block + 1, max_new_tokens)
         spec_fn(prompts[0], n, gen.manual_seed(seed))
         if baseline:
             plain_fn(prompts[0], n, gen.manual_seed(seed))
@@ -248,6 +264,7 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
+        **({"static_compile": static_compile(opts.compile, device)} if engine == "static" else {}),
     })
     if lossless_check:
         failed = [i for i, v in enumerate(verdicts) if not v["ok"]]
@@ -284,6 +301,10 @@ def format_table(report: dict) -> str:
         ("spec decode tok/s", fmt(report["spec_decode_tokens_per_s"], ".1f")),
         ("target decode tok/s", fmt(report.get("target_decode_tokens_per_s"), ".1f")),
         ("speedup", fmt(report.get("speedup")) + ("x" if report.get("speedup") is not None else "")),
+        ("ms per draft / verify / plain step", f"{fmt(report.get('ms_per_draft_step'))} / "
+                                                f"{fmt(report.get('ms_per_verify_step'))} / "
+                                                f"{fmt(report.get('ms_per_plain_step'))}"),
+        ("break-even tau", fmt(report.get("break_even_tau"))),
     ]
     acc = report["per_position_acceptance"]
     if acc:
