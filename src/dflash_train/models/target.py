@@ -162,20 +162,26 @@ class Target(nn.Module):
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: list[int],
-                 doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+                 doc_ids: torch.Tensor | None = None, final_hidden: bool = False):
         """[b, s, n*h]: the raw outputs of ``layer_ids`` concatenated on the last axis.
 
         Runs only up to the deepest needed layer (the final norm then sees a
         mid-network state, but nobody reads it). ``doc_ids`` [b, s] (packed rows: each
         token's conversation) makes every conversation see only itself, at positions
         restarting from 0, so its features equal those of a row of its own.
+        ``final_hidden`` (distillation): run every layer and the final norm, and return
+        ``(features, last_hidden_state [b, s, h])``: ``last_hidden_state @ W^T`` are the
+        target's logits.
         """
         kwargs = {"attention_mask": attention_mask}
         if doc_ids is not None:
             kwargs = self.packed_inputs(doc_ids)
-        with self._capture(layer_ids, truncate=True) as captured:
-            self._layer_owner(input_ids=input_ids, use_cache=False, **kwargs)
-        return torch.cat([captured[i] for i in layer_ids], dim=-1)
+        with self._capture(layer_ids, truncate=not final_hidden) as captured:
+            out = self._layer_owner(input_ids=input_ids, use_cache=False, **kwargs)
+        final = out.last_hidden_state if final_hidden else None
+        del out  # the truncated run's last state is dead: free it before the concatenation
+        features = torch.cat([captured[i] for i in layer_ids], dim=-1)
+        return (features, final) if final_hidden else features
 
     def packed_inputs(self, doc_ids: torch.Tensor) -> dict:
         """``position_ids`` and attention mask of packed rows: block-diagonal causal.

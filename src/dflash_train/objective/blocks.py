@@ -188,6 +188,26 @@ def build_blocks(
                   context_positions, starts)
 
 
+def predicting_positions(blocks: Blocks) -> torch.Tensor:
+    """[rows, A, B-1] row index of the target position that predicts each label (k >= 1).
+
+    The causal target's state at ``t`` predicts ``x[t + 1]``, so label ``x[a_j + k]`` is
+    predicted at ``a_j + k - 1``: inside the anchor's conversation whenever the label counts.
+    Where it does not (weight 0), the anchor itself stands in, always a valid index.
+    """
+    block_size = blocks.labels.shape[-1]
+    offsets = torch.arange(block_size - 1, device=blocks.anchors.device)
+    index = blocks.anchors.unsqueeze(-1) + offsets  # a_j + k - 1 for k = 1..B-1
+    return torch.where(blocks.valid[..., 1:], index, blocks.anchors.unsqueeze(-1))
+
+
+def predicting_states(blocks: Blocks, target_hidden: torch.Tensor) -> torch.Tensor:
+    """[rows, A, B-1, h]: the target's final hidden states [rows, s, h] at ``predicting_positions``."""
+    at = predicting_positions(blocks)
+    hidden = target_hidden.shape[-1]
+    return target_hidden.gather(1, at.flatten(1).unsqueeze(-1).expand(-1, -1, hidden)).view(*at.shape, hidden)
+
+
 def default_gamma(block_size: int) -> float:
     """Paper's loss decay: 7 for B=16, 5 for B=10, 4 for B=8; linear in between."""
     table = {16: 7.0, 10: 5.0, 8: 4.0}

@@ -7,6 +7,10 @@ activation checkpointing would rebuild every chunk's logits in backward: a third
 lm_head pass that the frozen head makes unnecessary.) The anchor position (k = 0)
 never has a label, so it is sliced away before the lm_head.
 
+With ``train.distill`` > 0 each label's target is soft, ``(1 - distill) * onehot +
+distill * softmax(target logits)``, the target's logits built chunk by chunk from its
+final hidden states at the predicting positions through the same frozen lm_head.
+
 Nothing here calls ``.item()``: metrics stay on the device until the logger asks.
 """
 
@@ -37,6 +41,32 @@ def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool):
     return (ce * weights).sum(), argmax, grad
 
 
+def _soft_targets(target_hidden, lm_head, labels, distill: float) -> torch.Tensor:
+    """q = (1 - distill) * onehot(label) + distill * softmax(target_hidden @ W^T), one chunk.
+
+    ``target_hidden`` is the target's final (normed) hidden state at the position that
+    predicts each label, so the softmax is the target's own next-token distribution there.
+    """
+    q = torch.softmax((target_hidden.to(lm_head.dtype) @ lm_head.t()).float(), dim=-1) * distill
+    return q.scatter_add_(1, labels.unsqueeze(1), torch.full_like(q[:, :1], 1.0 - distill))
+
+
+def _chunk_forward_soft(hidden, lm_head, labels, weights, want_grad: bool, target_hidden, distill: float):
+    """``_chunk_forward`` against soft targets q (sum to 1): CE = lse - sum(q * logits),
+    input gradient ``(softmax - q) * w @ W``. Both logits (drafter's, target's) exist only
+    for this chunk."""
+    logits = (hidden.to(lm_head.dtype) @ lm_head.t()).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    q = _soft_targets(target_hidden, lm_head, labels, distill)
+    ce = lse - (q * logits).sum(dim=-1)
+    argmax = logits.argmax(dim=-1)
+    grad = None
+    if want_grad:
+        probs = torch.exp(logits - lse.unsqueeze(1)) - q
+        grad = (probs * weights.unsqueeze(1)).to(lm_head.dtype) @ lm_head
+    return (ce * weights).sum(), argmax, grad
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """sum(w * CE(hidden @ W^T, labels)) with W frozen, chunk by chunk.
 
@@ -45,13 +75,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, lm_head, labels, weights, chunk_size):
+    def forward(ctx, hidden, lm_head, labels, weights, chunk_size, target_hidden=None, distill=0.0):
         want_grad = hidden.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         argmaxes, grads = [], []
         for start in range(0, hidden.shape[0], chunk_size):
             part = slice(start, start + chunk_size)
-            loss, argmax, grad = _chunk_forward(hidden[part], lm_head, labels[part], weights[part], want_grad)
+            if target_hidden is None:
+                loss, argmax, grad = _chunk_forward(hidden[part], lm_head, labels[part], weights[part], want_grad)
+            else:
+                loss, argmax, grad = _chunk_forward_soft(hidden[part], lm_head, labels[part], weights[part],
+                                                         want_grad, target_hidden[part], distill)
             total = total + loss
             argmaxes.append(argmax)
             grads.append(grad)
@@ -63,7 +97,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, _grad_argmax):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None
 
 
 def chunked_weighted_ce(
@@ -72,15 +106,24 @@ def chunked_weighted_ce(
     labels: torch.Tensor,
     weights: torch.Tensor,
     chunk_size: int = 4096,
+    target_hidden: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(sum_i w_i * CE_i, argmax_i)`` over flattened positions.
 
     ``hidden`` [n, h], ``lm_head`` [vocab, h] (frozen), ``labels``/``weights`` [n].
     Full (n x vocab) logits never exist: at most ``chunk_size`` rows at a time.
+    ``target_hidden`` [n, h] (``train.distill`` > 0): the target's final hidden state at
+    the position predicting each label; CE_i is then against the soft target
+    ``(1 - distill) * onehot + distill * softmax(target_hidden_i @ W^T)`` (no gradient
+    flows into the target's side).
     """
     if lm_head.requires_grad:
         raise ValueError("the lm_head is frozen in DFlash training; got one that requires grad")
-    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size)
+    if target_hidden is None:
+        return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size)
+    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size,
+                                            target_hidden.detach(), float(distill))
 
 
 @dataclass
@@ -100,13 +143,22 @@ def dflash_loss(
     weights: torch.Tensor,
     valid: torch.Tensor,
     chunk_size: int = 4096,
+    target_hidden: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> LossOutput:
-    """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B]."""
+    """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B].
+
+    ``target_hidden`` [rows, A, B-1, h] (distillation only): the target's final hidden
+    state at the position predicting each label of positions 1..B-1 (see
+    ``blocks.predicting_positions``)."""
     rows, num_blocks, block_size = labels.shape
     hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:]
     labels, weights, valid = labels[:, :, 1:], weights[:, :, 1:], valid[:, :, 1:]
+    soft = {}
+    if target_hidden is not None:
+        soft = {"target_hidden": target_hidden.reshape(-1, target_hidden.shape[-1]), "distill": distill}
     weighted_ce, argmax = chunked_weighted_ce(
-        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size
+        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size, **soft
     )
     correct = (argmax.view_as(labels) == labels) & valid
     return LossOutput(weighted_ce, weights.sum(), correct, valid)

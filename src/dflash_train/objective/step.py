@@ -12,7 +12,7 @@ import torch
 
 from dflash_train.models.attention import build_masks
 from dflash_train.models.drafter import DFlashDrafter
-from dflash_train.objective.blocks import Blocks, build_blocks
+from dflash_train.objective.blocks import Blocks, build_blocks, predicting_states
 from dflash_train.objective.loss import LossOutput, dflash_loss
 
 
@@ -23,6 +23,7 @@ class ObjectiveOptions:
     gamma: float
     attention: str = "sdpa"  # "sdpa" (dense mask) or "flex" (block-sparse, GPU)
     loss_chunk_size: int = 4096
+    distill: float = 0.0  # > 0: soft targets from the target's own next-token distribution (train.distill)
 
 
 def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions, doc_ids=None) -> Blocks:
@@ -38,12 +39,17 @@ def drafter_loss(
     features: torch.Tensor,
     blocks: Blocks,
     opts: ObjectiveOptions,
+    target_hidden: torch.Tensor | None = None,
 ) -> LossOutput:
     """Drafter forward over all blocks of a micro-batch and its loss pieces.
 
     ``features`` [rows, s, n*h] are the target's context features (no grad). The
     masks are built here, once per micro-batch, and shared by all layers.
+    ``target_hidden`` [rows, s, h] (required when ``opts.distill`` > 0): the target's
+    final normed hidden states, whose next-token distributions become soft targets.
     """
+    if opts.distill > 0 and target_hidden is None:
+        raise ValueError("distillation (train.distill > 0) needs the target's final hidden states")
     rows, seq = features.shape[:2]
     masks = build_masks(
         opts.attention, drafter.layer_types, blocks.anchors, blocks.keep, seq, opts.block_size, drafter.sliding_window,
@@ -55,6 +61,9 @@ def drafter_loss(
     if context_positions is None:
         context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
+    if opts.distill > 0:
+        return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size,
+                           predicting_states(blocks, target_hidden), opts.distill)
     return dflash_loss(
         hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size
     )
