@@ -96,6 +96,9 @@ class TrainConfig:
     # "target": drafter layer i starts as target layer L - N + i, the final norm as the target's
     # (models/target_init.py); "random": the usual init. A resumed run loads its checkpoint over it.
     drafter_init: str = "random"
+    # > 0: the loss target at each label is (1 - distill) * onehot(label) + distill * the target's own
+    # next-token distribution there (objective/loss.py); the target then runs all its layers. 0: plain CE.
+    distill: float = 0.0
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
 
@@ -128,6 +131,8 @@ class TrainConfig:
         if self.drafter_init == "target" and self.init_from:
             raise ValueError("train.drafter_init=target and train.init_from both set the drafter's weights; "
                              "choose one")
+        if not 0 <= self.distill <= 1:
+            raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
         for name in ("fsdp_drafter", "fsdp_target"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")

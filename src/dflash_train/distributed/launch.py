@@ -108,6 +108,9 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     if cfg.train.drafter_init == "target":
         raise ValueError("train.drafter_init=target is not supported with --target-ranks yet (drafter ranks "
                          "hold no target layers): use it in a colocated run")
+    if cfg.train.distill > 0:
+        raise ValueError("train.distill needs colocated training (drafter ranks get no target logits "
+                         "from --target-ranks)")
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")

@@ -4,7 +4,9 @@ A feature source has three methods:
 
 * ``next_step()``: the micro-batches of this rank's next optimizer step (from the trainer's
   own iterator, whose position a checkpoint records);
-* ``features(micro_batch, input_ids, attention_mask)``: their target features, [rows, s, n*h];
+* ``features(micro_batch, input_ids, attention_mask)``: their target features, [rows, s, n*h]
+  (with ``train.distill`` > 0, only ``LocalFeatures``: a pair, the features and the target's
+  final hidden states [rows, s, h]);
 * ``finish()``: nothing more will be asked (a disaggregated drafter tells its target ranks).
 
 ``LocalFeatures`` runs the local target (one process, colocated ranks). The disaggregated
@@ -23,12 +25,15 @@ class LocalFeatures:
         self.batches = trainer.batches
         self.target = trainer.target
         self.layer_ids = trainer.drafter_cfg.target_layer_ids
+        self.final_hidden = trainer.opts.distill > 0
 
     def next_step(self):
         return self.batches.next_step()
 
-    def features(self, micro_batch, input_ids, attention_mask) -> torch.Tensor:
+    def features(self, micro_batch, input_ids, attention_mask):
         doc_ids = None if micro_batch.doc_ids is None else micro_batch.doc_ids.to(input_ids.device)
+        if self.final_hidden:
+            return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids, final_hidden=True)
         return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids)
 
     def finish(self) -> None:
@@ -44,7 +49,7 @@ class TimedFeatures:
     def next_step(self):
         return self.source.next_step()
 
-    def features(self, micro_batch, input_ids, attention_mask) -> torch.Tensor:
+    def features(self, micro_batch, input_ids, attention_mask):
         with self.timings.measure("target_forward"):
             return self.source.features(micro_batch, input_ids, attention_mask)
 

@@ -80,7 +80,8 @@ class TrainStep:
 
     def __call__(self, micro_batches: list[MicroBatch], features, step_number: int, mark=_no_mark) -> StepResult:
         """Forward + backward of every micro-batch, then one optimizer step. ``features(mb,
-        input_ids, attention_mask)`` gives a micro-batch's target features."""
+        input_ids, attention_mask)`` gives a micro-batch's target features (and, with distillation,
+        the target's final hidden states: a pair)."""
         prepared = [self.prepare(mb) for mb in micro_batches]
         total_weight = self.global_weight(prepared)
         mark("prepare")
@@ -89,10 +90,13 @@ class TrainStep:
         stats = []
         for index, (input_ids, attention_mask, blocks, _) in enumerate(prepared):
             context = features(micro_batches[index], input_ids, attention_mask)
+            target_hidden = None
+            if self.opts.distill > 0:  # the source also gave the target's final hidden states
+                context, target_hidden = context
             mark("target_forward")
             with autocast, no_sync(self.model, index < len(prepared) - 1):
                 out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, context,
-                                   blocks, self.opts)
+                                   blocks, self.opts, target_hidden)
                 loss = out.weighted_ce / total_weight
                 mark("drafter_forward")
                 (loss * self.ranks.world).backward()  # DDP averages over ranks; we want the global sum

@@ -158,6 +158,7 @@ class Trainer:
             gamma=t.gamma or default_gamma(block),
             attention=attention,
             loss_chunk_size=t.loss_chunk_size,
+            distill=t.distill,
         )
 
     def _build_data(self) -> None:
