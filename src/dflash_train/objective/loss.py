@@ -61,8 +61,8 @@ def _chunk_forward_soft(hidden, lm_head, labels, weights, want_grad: bool, targe
     ce = lse - (q * logits).sum(dim=-1)
     argmax = logits.argmax(dim=-1)
     grad = None
-    if want_grad:
-        probs = torch.exp(logits - lse.unsqueeze(1)) - q
+    if want_grad:  # softmax - q in the logits' own storage: one [chunk, vocab] buffer less at the peak
+        probs = logits.sub_(lse.unsqueeze(1)).exp_().sub_(q)
         grad = (probs * weights.unsqueeze(1)).to(lm_head.dtype) @ lm_head
     return (ce * weights).sum(), argmax, grad
 
