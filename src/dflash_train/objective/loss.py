@@ -120,10 +120,10 @@ def chunked_weighted_ce(
     """
     if lm_head.requires_grad:
         raise ValueError("the lm_head is frozen in DFlash training; got one that requires grad")
-    if target_hidden is None:
-        return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size)
-    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size,
-                                            target_hidden.detach(), float(distill))
+    if target_hidden is not None:
+        target_hidden = target_hidden.detach()
+    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk_size, target_hidden,
+                                            float(distill))
 
 
 @dataclass
@@ -154,11 +154,11 @@ def dflash_loss(
     rows, num_blocks, block_size = labels.shape
     hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:]
     labels, weights, valid = labels[:, :, 1:], weights[:, :, 1:], valid[:, :, 1:]
-    soft = {}
     if target_hidden is not None:
-        soft = {"target_hidden": target_hidden.reshape(-1, target_hidden.shape[-1]), "distill": distill}
+        target_hidden = target_hidden.reshape(-1, target_hidden.shape[-1])
     weighted_ce, argmax = chunked_weighted_ce(
-        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size, **soft
+        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size,
+        target_hidden, distill,
     )
     correct = (argmax.view_as(labels) == labels) & valid
     return LossOutput(weighted_ce, weights.sum(), correct, valid)

@@ -61,9 +61,6 @@ def drafter_loss(
     if context_positions is None:
         context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
-    if opts.distill > 0:
-        return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size,
-                           predicting_states(blocks, target_hidden), opts.distill)
-    return dflash_loss(
-        hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size
-    )
+    soft = predicting_states(blocks, target_hidden) if opts.distill > 0 else None
+    return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, soft,
+                       opts.distill)

@@ -32,9 +32,7 @@ class LocalFeatures:
 
     def features(self, micro_batch, input_ids, attention_mask):
         doc_ids = None if micro_batch.doc_ids is None else micro_batch.doc_ids.to(input_ids.device)
-        if self.final_hidden:
-            return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids, final_hidden=True)
-        return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids)
+        return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids, final_hidden=self.final_hidden)
 
     def finish(self) -> None:
         pass
