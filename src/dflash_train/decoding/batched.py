@@ -38,6 +38,7 @@ from dflash_train.data.generators import Generation, HFGenerator, SamplingParams
 from dflash_train.hf_compat import cache_kwarg
 
 from .cache import KVBuffers, capture_cuda_graph
+from .grouped import grouped_attention
 
 MODES = ("auto", "eager", "cudagraph", "compile")
 GROUPED_ATTENTION = "fastgen_grouped_sdpa"
@@ -46,23 +47,15 @@ GROUPED_ATTENTION = "fastgen_grouped_sdpa"
 def grouped_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Attention for Hugging Face layers that never expands K/V for grouped-query heads.
 
-    A single query token (decoding) with ``num_heads = kv_heads * group`` becomes ``group``
-    query rows per K/V head: ``(b, heads, 1, d) -> (b, kv_heads, group, d)``; head ``i`` uses
-    K/V head ``i // group``, exactly ``repeat_kv``'s pairing. A mask shared by all heads
-    ``(b, 1, 1, L)`` broadcasts unchanged. Prompts (several query tokens) and models without
-    grouping take the stock SDPA path."""
+    A single query token (decoding) becomes ``group`` query rows per K/V head
+    (:func:`~.grouped.grouped_attention`, shared with the static decoder). Prompts
+    (several query tokens, prefilled once per bucket) keep the stock SDPA path."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    batch, heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    shared_mask = attention_mask is None or attention_mask.shape[1] == 1
-    if q_len != 1 or kv_heads == heads or not shared_mask:
+    if query.shape[2] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    packed = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                                           scale=scaling)
-    return out.reshape(batch, 1, heads, dim), None  # (b, q_len, heads, d) like the stock path
+    return grouped_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
 def use_grouped_decode_attention(model) -> None:
