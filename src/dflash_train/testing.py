@@ -6,6 +6,8 @@ as real ones, and tiny shapes make exhaustive reference checks cheap.
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 
@@ -90,3 +92,45 @@ def tiny_chat_job(tmp_path, **train_overrides) -> dict:
         "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
                   "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
     }
+
+
+def one_hot_logits(tokens, vocab: int = 128):
+    """Logits [n, vocab] whose argmax is ``tokens`` (what an oracle drafter returns)."""
+    logits = torch.full((len(tokens), vocab), -10.0)
+    logits[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 10.0
+    return logits
+
+
+class NoisyCheckedProposer:
+    """Runs the real DFlash proposer (so its cache is exercised and checked against a
+    cache-free forward over all context), then overrides its drafts with the greedy
+    continuation corrupted at random positions: acceptance lengths vary from 1 to B."""
+
+    def __init__(self, target, drafter, prompt_len, continuation, seed=0, p_wrong=0.25):
+        from dflash_train.decoding.speculative import DFlashProposer
+
+        self.inner = DFlashProposer(target, drafter)
+        self.target, self.drafter = target, drafter
+        self.feature_layer_ids, self.block_size = self.inner.feature_layer_ids, self.inner.block_size
+        self.prompt_len, self.continuation = prompt_len, continuation
+        self.rng, self.p_wrong = random.Random(seed), p_wrong
+        self.checked = 0
+
+    def reset(self):
+        self.inner.reset()
+
+    def propose(self, tokens, new_features, num_draft):
+        vocab = self.target.lm_head_weight.shape[0]
+        logits = self.inner.propose(tokens, new_features, num_draft)
+        p = len(tokens) - 1
+        all_features = self.target.features(torch.tensor([tokens[:p]]), None, self.feature_layer_ids)
+        block = torch.tensor([[tokens[-1]] + [self.inner.mask_token_id] * num_draft])
+        hidden = self.drafter(self.target.embed(block), all_features, torch.arange(p, p + num_draft + 1)[None],
+                              torch.arange(p)[None])
+        reference = hidden[0, 1:] @ self.target.lm_head_weight.T
+        torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
+        self.checked += 1
+        g = len(tokens) - self.prompt_len
+        want = (self.continuation[g:] + [0] * num_draft)[:num_draft]
+        want = [(t + 1) % vocab if self.rng.random() < self.p_wrong else t for t in want]
+        return one_hot_logits(want, vocab)

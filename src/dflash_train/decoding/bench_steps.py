@@ -20,7 +20,6 @@ layers, block 16, default feature layers): a step's cost does not depend on its 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -31,13 +30,17 @@ import torch
 
 from .static import StaticDecoder
 
-# name -> StaticDecoder options (+ "blas": the cuBLAS front end for the variant); the default
-# list on CUDA runs them all in this order, the slow autotuning last
+# name -> StaticDecoder options; the default list on CUDA runs them all in this order, the slow
+# autotuning last
 VARIANTS = {
     "eager": {"mode": "eager"},
     "cudagraph-stock": {"mode": "cudagraph", "grouped_attention": False},  # the previous engine
     "cudagraph": {"mode": "cudagraph"},
-    "cudagraph-cublaslt": {"mode": "cudagraph", "blas": "cublaslt"},
+    "cudagraph-cublaslt": {"mode": "cudagraph", "linear": "cublaslt"},
+    "cudagraph-splitk": {"mode": "cudagraph", "linear": "splitk"},
+    "compile+cudagraph-splitk": {"mode": "cudagraph", "compile": "default", "linear": "splitk"},
+    "compile+cudagraph-mm_t": {"mode": "cudagraph", "compile": "default", "linear": "mm_t"},
+    "compile+cudagraph-cublaslt": {"mode": "cudagraph", "compile": "default", "linear": "cublaslt"},
     "compile+cudagraph": {"mode": "cudagraph", "compile": "default"},
     "cudagraph-fused": {"mode": "cudagraph", "fuse_projections": True},
     "compile+cudagraph-fused": {"mode": "cudagraph", "compile": "default", "fuse_projections": True},
@@ -148,28 +151,7 @@ def _set_step_inputs(dec: StaticDecoder, p: int) -> None:
     dec.anchor_pos.fill_(p)
 
 
-@contextlib.contextmanager
-def blas_library(name: str | None):
-    """``torch.backends.cuda.preferred_blas_library(name)`` inside the block (None: as is)."""
-    if name is None:
-        yield
-        return
-    before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(name)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
-
-
 def bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> dict:
-    blas = opts.pop("blas", None)
-    with blas_library(blas):
-        out = _bench_variant(target, drafter, opts, args, prompt)
-    return {**out, "blas": blas or "default"}
-
-
-def _bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> dict:
     device = target.device
     dec = StaticDecoder(target, drafter, max_len=-(-(args.prompt_len + args.new_tokens + args.block_size + 1) // 64)
                         * 64, block_size=args.block_size, **opts)

@@ -54,6 +54,7 @@ from dflash_train.models.attention import decode_masks
 from .cache import KVBuffers, capture_cuda_graph
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
+from .skinny import LINEAR_MODES, skinny_linear
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
@@ -180,11 +181,13 @@ class StaticDecoder:
     and reused for every prompt. ``mode``: eager or CUDA graphs (auto: graphs on CUDA);
     ``compile``: torch.compile each step first (True or an inductor mode in
     :data:`COMPILE_MODES`); ``grouped_attention``: grouped-query attention without K/V
-    copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group. All four change
-    float rounding only, never the algorithm: tokens equal plain greedy in float32 (tests)."""
+    copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group; ``linear``: how
+    few-row float32 matmuls run (:mod:`.skinny`). All five change float rounding only,
+    never the algorithm: tokens equal plain greedy in float32 (tests)."""
 
     def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto",
-                 compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False):
+                 compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False,
+                 linear: str = "default"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         compile_mode = "default" if compile is True else (compile or None)
@@ -213,6 +216,9 @@ class StaticDecoder:
                                          self.drafter_dtype, self.device)
         self.cols = torch.arange(self.max_len, device=self.device)
         self.grouped_attention = grouped_attention
+        if linear not in LINEAR_MODES:
+            raise ValueError(f"linear must be one of {LINEAR_MODES}, got {linear!r}")
+        self.linear = linear
         self.fused = FusedProjections(target.layers) if fuse_projections else None
         self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
         self._inputs()
@@ -281,10 +287,12 @@ class StaticDecoder:
     # ------------------------------------------------------------------ decoding
     @contextlib.contextmanager
     def patched(self):
-        """The target as the steps run it: grouped attention, fused projections (if on).
-        Restored on exit, so reference loops sharing the target run it unchanged."""
+        """The target as the steps run it: grouped attention, fused projections (if on), the
+        few-row matmul formulation. Restored on exit, so reference loops sharing the target
+        run it unchanged."""
         with contextlib.ExitStack() as stack:
             stack.enter_context(grouped_sdpa(self.target.model, self.grouped_attention))
+            stack.enter_context(skinny_linear(self.linear))
             if self.fused is not None:
                 stack.enter_context(self.fused.applied())
             yield

@@ -134,6 +134,7 @@ class EvalOptions:
     progress: bool = False
     engine: str = "hf"
     compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
+    linear: str = "default"  # static engine: few-row float32 matmuls (decoding/skinny.py)
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -186,7 +187,7 @@ def static_compile(compile: bool | str | None, device) -> bool | str:
     return torch.device(device).type == "cuda" if compile is None else compile
 
 
-def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None):
+def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None, linear="default"):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):
@@ -203,7 +204,7 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, c
 
     longest = max(p.shape[1] for p in prompts)
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
-                            block_size=block, compile=static_compile(compile, target.device))
+                            block_size=block, compile=static_compile(compile, target.device), linear=linear)
     stop = common["stop_token_ids"]
     return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
@@ -231,7 +232,8 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     gen = torch.Generator(device=device)
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
-    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile)
+    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile,
+                                  opts.linear)
     if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
         n = min(2 * block + 1, max_new_tokens)
@@ -264,7 +266,8 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
-        **({"static_compile": static_compile(opts.compile, device)} if engine == "static" else {}),
+        **({"static_compile": static_compile(opts.compile, device), "static_linear": opts.linear}
+           if engine == "static" else {}),
     })
     if lossless_check:
         failed = [i for i, v in enumerate(verdicts) if not v["ok"]]

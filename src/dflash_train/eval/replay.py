@@ -1,0 +1,213 @@
+"""Replay: the greedy tau of a drafter without running a single verify step.
+
+Greedy speculative decoding is lossless, so whatever the drafter proposes, the committed
+tokens are the target's own greedy continuation ``g``. A verify step from the last
+committed token ``g_j`` accepts the leading drafts that equal ``g_{j+1}, g_{j+2}, ...``
+and commits one more. Given ``g`` (computed once per target and prompt set, then kept in
+a file), a whole decode is therefore a walk over ``g``: draft at ``j``, count the
+matches ``a``, step to ``j + a + 1``. The drafter's context features for every position
+come from one teacher-forced target forward over prompt + ``g``: the verify forwards of
+a real decode compute the same numbers in pieces.
+
+What it costs: one drafter call per verify step and no target forward per step (40
+SmolLM2 prompts x 128 tokens: seconds instead of the ~50 s of a real decode), so
+ablations and curve points can be scored on many prompts. What it does not give:
+speed. The numbers that a README reports come from ``eval``; a test pins this walk to
+the real loop step by step (same acceptance lengths, same drafts).
+
+``g`` runs ``max_new_tokens + block_size`` tokens past each prompt, ignoring stop
+tokens: the real loop verifies a block that may cross the end (or a stop token) and
+counts its accepted drafts before cutting, and the walk does the same.
+
+    python -m dflash_train.eval.replay --target T --drafter D --prompts heldout --limit 24 \\
+        --max-new-tokens 128 --dtype float32 --references refs.json --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from dflash_train.decoding.speculative import (
+    SpecResult,
+    _truncate,
+    as_proposer,
+    record_step,
+    target_generate,
+)
+from dflash_train.eval.evaluate import default_stop_token_ids, summarize
+
+
+# ---------------------------------------------------------------------------------------
+# the target's greedy continuations (computed once, kept in a file)
+# ---------------------------------------------------------------------------------------
+def references_key(target_name: str, dtype: torch.dtype, prompts: list[torch.Tensor], length: int) -> str:
+    """What a continuation depends on: the target, its dtype, the prompt ids, the length."""
+    digest = hashlib.sha256()
+    for ids in prompts:
+        digest.update(torch.as_tensor(ids).flatten().numpy().astype("int64").tobytes())
+        digest.update(b"|")
+    return f"{target_name}|{str(dtype).removeprefix('torch.')}|{length}|{digest.hexdigest()[:16]}"
+
+
+def greedy_references(target, prompts: list[torch.Tensor], length: int, engine: str = "hf",
+                      drafter=None) -> list[list[int]]:
+    """``length`` greedy tokens after each prompt, stop tokens ignored.
+
+    ``engine`` "static" decodes with :class:`~dflash_train.decoding.static.StaticDecoder`
+    (CUDA graphs: ~3x faster than "hf" on an H200 for SmolLM2), "hf" with the reference
+    loop. Both are the plain decodes that ``eval`` checks speculative output against.
+    The static decoder is built around a drafter (its buffers), which its plain steps
+    never call.
+    """
+    if engine == "static":
+        from dflash_train.decoding.static import StaticDecoder
+
+        longest = max(int(p.shape[-1]) for p in prompts)
+        if drafter is None:
+            raise ValueError("the static engine needs the drafter (for its buffers)")
+        decoder = StaticDecoder(target, drafter, max_len=-(-(longest + length + 1) // 64) * 64)
+        return [decoder.plain(p.view(1, -1), length, ()).tokens for p in prompts]
+    return [target_generate(target, p.view(1, -1), length).tokens for p in prompts]
+
+
+def load_or_make_references(path: str | Path | None, key: str, make) -> list[list[int]]:
+    """The continuations stored at ``path`` under ``key``; made (and stored) when absent."""
+    if path is not None and Path(path).exists():
+        stored = json.loads(Path(path).read_text())
+        if stored.get("key") == key:
+            return stored["continuations"]
+        print(f"replay: {path} holds continuations for {stored.get('key')!r}, not {key!r}: remaking them",
+              file=sys.stderr)
+    continuations = make()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"key": key, "continuations": continuations}))
+    return continuations
+
+
+# ---------------------------------------------------------------------------------------
+# the walk
+# ---------------------------------------------------------------------------------------
+@torch.no_grad()
+def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], max_new_tokens: int,
+               num_draft: int, stop: set[int]) -> SpecResult:
+    """One prompt's greedy speculative decode, replayed over ``continuation`` (the
+    target's greedy tokens, at least ``max_new_tokens + num_draft + 1`` of them)."""
+    if len(continuation) < max_new_tokens + num_draft + 1:
+        raise ValueError(f"continuation has {len(continuation)} tokens; the walk needs "
+                         f"max_new_tokens + block_size = {max_new_tokens + num_draft + 1}")
+    prompt = prompt.view(-1).tolist()
+    sequence = prompt + list(continuation)
+    result = SpecResult([], [], [0] * num_draft, [0] * num_draft, num_draft + 1)
+    features = None
+    layer_ids = list(proposer.feature_layer_ids)
+    if layer_ids:
+        ids = torch.tensor([sequence[: len(prompt) + max_new_tokens + num_draft]], device=target.device)
+        _, features = target.forward_with_features(layer_ids, input_ids=ids, use_cache=False)
+    proposer.reset()
+    generated = [sequence[len(prompt)]]  # the prefill's token
+    finished = generated[0] in stop or max_new_tokens <= 1
+    fed = 0  # context positions whose features the proposer has
+    while not finished:
+        p = len(prompt) + len(generated) - 1  # the last committed token's position
+        new_features = features[:, fed:p] if features is not None else None
+        fed = p
+        drafts = proposer.propose(sequence[: p + 1], new_features, num_draft).argmax(-1).tolist() if num_draft else []
+        truth = sequence[p + 1: p + 1 + num_draft]
+        accepted = next((k for k, (d, t) in enumerate(zip(drafts, truth)) if d != t), num_draft)
+        record_step(result, accepted, num_draft)
+        new, finished = _truncate(sequence[p + 1: p + 2 + accepted], max_new_tokens - len(generated), stop)
+        generated += new
+    result.tokens = generated
+    return result
+
+
+def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[list[int]], max_new_tokens: int,
+           block_size: int | None = None, stop_token_ids=None) -> dict:
+    """The ``eval`` report's tau fields (mean tau, per prompt, histogram, per position),
+    from walks over ``continuations``; ``engine`` is "replay" and there is no timing."""
+    if len(prompts) != len(continuations):
+        raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+    proposer = as_proposer(target, drafter)
+    block = int(proposer.block_size if block_size is None else block_size)
+    stop = set(default_stop_token_ids(target) if stop_token_ids is None else map(int, stop_token_ids))
+    was_training = getattr(drafter, "training", False)
+    if was_training:
+        drafter.eval()
+    try:
+        results = [replay_one(target, proposer, torch.as_tensor(p), c, max_new_tokens, block - 1, stop)
+                   for p, c in zip(prompts, continuations)]
+    finally:
+        if was_training:
+            drafter.train()
+    report = summarize(results, None, block)
+    for key in ("spec_decode_tokens_per_s", "spec_draft_time_s", "spec_verify_time_s", "ms_per_draft_step",
+                "ms_per_verify_step"):
+        report.pop(key, None)
+    report.update({"engine": "replay", "max_new_tokens": max_new_tokens, "temperature": 0.0,
+                   "stop_token_ids": sorted(stop), "lossless": {"checked": False, "ok": None},
+                   "prompts": [{"prompt_tokens": int(torch.as_tensor(p).numel()), "new_tokens": len(r.tokens),
+                                "tau": r.mean_tau, "acceptance_lengths": r.acceptance_lengths}
+                               for p, r in zip(prompts, results)]})
+    return report
+
+
+# ---------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", required=True, help="DFlash serving-format folder")
+    parser.add_argument("--prompts", required=True, help="as for eval (a file, or heldout)")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--references", default=None,
+                        help="JSON file of the target's continuations: read when it matches, else made and written")
+    parser.add_argument("--reference-engine", choices=("auto", "hf", "static"), default="auto",
+                        help="plain decoding for the continuations (auto: static on CUDA)")
+    parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
+    args = parser.parse_args(argv)
+
+    from dflash_train.data.prompt_sets import resolve_prompts
+    from dflash_train.devices import resolve_device
+    from dflash_train.eval.loader import load_drafter_folder
+    from dflash_train.eval.prompts import encode_prompts, read_prompts
+    from dflash_train.models.target import Target
+
+    device = str(resolve_device(args.device, "--device"))
+    dtype = getattr(torch, args.dtype)
+    target = Target.load(args.target, dtype=dtype, device=device)
+    drafter = load_drafter_folder(args.drafter, target)
+    prompts = [torch.as_tensor(p) for p in encode_prompts(target.tokenizer, read_prompts(
+        resolve_prompts(args.prompts), limit=args.limit))]
+    block = int(args.block_size or drafter.block_size)
+    length = args.max_new_tokens + block
+    engine = args.reference_engine if args.reference_engine != "auto" else (
+        "static" if device.startswith("cuda") else "hf")
+    key = references_key(Path(args.target).name, dtype, prompts, length)
+    continuations = load_or_make_references(args.references, key,
+                                            lambda: greedy_references(target, prompts, length, engine, drafter))
+    report = replay(target, drafter, prompts, continuations, args.max_new_tokens, block)
+    report.update({"target": args.target, "drafter": args.drafter, "prompts_file": args.prompts,
+                   "dtype": args.dtype, "device": device})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    print(f"replay: {len(prompts)} prompts, mean tau {report['mean_tau']:.3f}, "
+          f"per position {' '.join(f'{a:.2f}' for a in report['per_position_acceptance'][:6] if a is not None)}"
+          f" -> {out / 'eval.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Few-row matmul formulations == F.linear; the static decoder with each == plain greedy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dflash_train.decoding.skinny import (
+    make_linear,
+    skinny_linear,
+    split_count,
+    split_k_linear,
+    transposed_linear,
+)
+from dflash_train.decoding.speculative import speculative_generate, target_generate
+from dflash_train.decoding.static import StaticDecoder
+from dflash_train.models.target import Target
+from dflash_train.testing import tiny_drafter, tiny_qwen3
+
+
+@pytest.mark.parametrize("rows", [2, 16, 64])
+@pytest.mark.parametrize("k,n", [(576, 1536), (1536, 576), (256, 40)])
+def test_formulations_equal_linear(rows, k, n):
+    g = torch.Generator().manual_seed(rows + k)
+    x, w, b = torch.randn(1, rows, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    ref = (x.double() @ w.double().T + b.double()).float()
+    torch.testing.assert_close(split_k_linear(x, w, b, split_count(k)), ref, atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(transposed_linear(x, w, None), ref - b, atol=2e-4, rtol=1e-5)
+    assert split_k_linear(x, w, b, split_count(k)).shape == (1, rows, n)
+
+
+def test_split_count_and_dispatch():
+    assert split_count(576) == 4 and split_count(1536) == 8 and split_count(64) == 1
+    calls = []
+    fake = make_linear("splitk", lambda x, w, b=None: calls.append(x.shape) or F.linear(x, w, b))
+    w = torch.randn(8, 576)
+    fake(torch.randn(1, 576), w)  # one row (a plain step): the original
+    fake(torch.randn(16, 576).bfloat16(), w.bfloat16())  # not float32: the original
+    fake(torch.randn(16, 576), w)  # split: never reaches the original
+    assert calls == [(1, 576), (16, 576)]
+
+
+def test_context_restores_linear_and_checks_mode():
+    original = F.linear
+    with skinny_linear("splitk"):
+        assert F.linear is not original
+        assert torch.nn.Linear(576, 4)(torch.randn(3, 576)).shape == (3, 4)
+    assert F.linear is original
+    with pytest.raises(ValueError, match="linear mode"), skinny_linear("tf32"):
+        pass
+
+
+@pytest.mark.parametrize("linear", ["splitk", "mm_t"])
+def test_static_decoder_tokens_equal_reference(linear):
+    """hidden 256 / MLP 512: the split path runs (K = 256 and 512 split in 2 and 4)."""
+    target = Target(tiny_qwen3(hidden=256, vocab=128))
+    drafter = tiny_drafter(target, block_size=8, seed=1)[0]
+    decoder = StaticDecoder(target, drafter, max_len=64, mode="eager", linear=linear)
+    for seed in range(3):
+        ids = torch.randint(0, 127, (1, 5 + seed), generator=torch.Generator().manual_seed(seed))
+        ref = speculative_generate(target, drafter, ids, 24)
+        out = decoder.speculative(ids, 24)
+        assert out.tokens == ref.tokens == target_generate(target, ids, 24).tokens
+        assert out.acceptance_lengths == ref.acceptance_lengths
+    assert F.linear is torch.nn.functional.linear
