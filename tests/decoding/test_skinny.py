@@ -51,12 +51,12 @@ def test_context_restores_linear_and_checks_mode():
         pass
 
 
-@pytest.mark.parametrize("linear", ["splitk", "mm_t"])
-def test_static_decoder_tokens_equal_reference(linear):
+@pytest.mark.parametrize("linear,fused", [("splitk", False), ("mm_t", False), ("splitk", True)])
+def test_static_decoder_tokens_equal_reference(linear, fused):
     """hidden 256 / MLP 512: the split path runs (K = 256 and 512 split in 2 and 4)."""
     target = Target(tiny_qwen3(hidden=256, vocab=128))
     drafter = tiny_drafter(target, block_size=8, seed=1)[0]
-    decoder = StaticDecoder(target, drafter, max_len=64, mode="eager", linear=linear)
+    decoder = StaticDecoder(target, drafter, max_len=64, mode="eager", linear=linear, fuse_projections=fused)
     for seed in range(3):
         ids = torch.randint(0, 127, (1, 5 + seed), generator=torch.Generator().manual_seed(seed))
         ref = speculative_generate(target, drafter, ids, 24)

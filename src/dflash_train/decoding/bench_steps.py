@@ -41,6 +41,8 @@ VARIANTS = {
     "compile+cudagraph-splitk": {"mode": "cudagraph", "compile": "default", "linear": "splitk"},
     "compile+cudagraph-mm_t": {"mode": "cudagraph", "compile": "default", "linear": "mm_t"},
     "compile+cudagraph-cublaslt": {"mode": "cudagraph", "compile": "default", "linear": "cublaslt"},
+    "compile+cudagraph-fused-splitk": {"mode": "cudagraph", "compile": "default", "fuse_projections": True,
+                                       "linear": "splitk"},
     "compile+cudagraph": {"mode": "cudagraph", "compile": "default"},
     "cudagraph-fused": {"mode": "cudagraph", "fuse_projections": True},
     "compile+cudagraph-fused": {"mode": "cudagraph", "compile": "default", "fuse_projections": True},

@@ -43,6 +43,8 @@ def register(subparsers) -> None:
                         "minutes of compilation)")
     p.add_argument("--linear", choices=("default", "cublaslt", "splitk", "mm_t"), default="default",
                    help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py")
+    p.add_argument("--fuse-projections", action="store_true",
+                   help="static engine: one GEMM for q/k/v and one for gate/up in every target layer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     options = EvalOptions(max_new_tokens=args.max_new_tokens, block_size=args.block_size,
                           temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
                           seed=args.seed, progress=True, engine=args.engine,
-                          compile=_compile_option(args.compile, args.compile_mode, device), linear=args.linear)
+                          compile=_compile_option(args.compile, args.compile_mode, device), linear=args.linear,
+                          fuse_projections=args.fuse_projections)
     report = evaluate(target, drafter, ids, options)
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

@@ -135,6 +135,7 @@ class EvalOptions:
     engine: str = "hf"
     compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
     linear: str = "default"  # static engine: few-row float32 matmuls (decoding/skinny.py)
+    fuse_projections: bool = False  # static engine: one GEMM for q/k/v and one for gate/up per layer
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -187,7 +188,8 @@ def static_compile(compile: bool | str | None, device) -> bool | str:
     return torch.device(device).type == "cuda" if compile is None else compile
 
 
-def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None, linear="default"):
+def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None, linear="default",
+              fuse_projections=False):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):
@@ -204,7 +206,8 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, c
 
     longest = max(p.shape[1] for p in prompts)
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
-                            block_size=block, compile=static_compile(compile, target.device), linear=linear)
+                            block_size=block, compile=static_compile(compile, target.device), linear=linear,
+                            fuse_projections=fuse_projections)
     stop = common["stop_token_ids"]
     return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
@@ -233,7 +236,7 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
     spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile,
-                                  opts.linear)
+                                  opts.linear, opts.fuse_projections)
     if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
         n = min(2 * block + 1, max_new_tokens)
@@ -266,7 +269,8 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
-        **({"static_compile": static_compile(opts.compile, device), "static_linear": opts.linear}
+        **({"static_compile": static_compile(opts.compile, device), "static_linear": opts.linear,
+            "static_fused_projections": opts.fuse_projections}
            if engine == "static" else {}),
     })
     if lossless_check:
