@@ -94,3 +94,15 @@ def test_references_file_reused_only_for_the_same_key(tmp_path):
     other = load_or_make_references(path, "k2", lambda: made.append(3) or [[3]])
     assert first == again == [[1, 2]] and other == [[3]] and made == [1, 3]
     assert json.loads(path.read_text())["key"] == "k2"
+
+
+def test_static_references_fit_a_block_past_the_longest_prompt(target):
+    """The static engine reserves one drafter block past the end: continuations of
+    max_new + block tokens must fit (this sizing failed on the GPU once: prompt 43 +
+    144 + 16 > 192). Same tokens as the reference loop."""
+    drafter = tiny_drafter(target, block_size=8)[0]
+    ids = [torch.randint(0, VOCAB - 1, (1, n), generator=torch.Generator().manual_seed(n)) for n in (43, 5)]
+    length = 136 + 8  # 43 + 144 + 8 > 192: the old sizing (rounded up to 64) refused this
+    static = greedy_references(target, ids, length, engine="static", drafter=drafter)
+    assert static == greedy_references(target, ids, length, engine="hf")
+    assert [len(c) for c in static] == [length, length]

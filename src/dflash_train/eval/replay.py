@@ -71,7 +71,8 @@ def greedy_references(target, prompts: list[torch.Tensor], length: int, engine: 
         longest = max(int(p.shape[-1]) for p in prompts)
         if drafter is None:
             raise ValueError("the static engine needs the drafter (for its buffers)")
-        decoder = StaticDecoder(target, drafter, max_len=-(-(longest + length + 1) // 64) * 64)
+        span = longest + length + int(drafter.block_size) + 1  # the decoder reserves one block past the end
+        decoder = StaticDecoder(target, drafter, max_len=-(-span // 64) * 64)
         return [decoder.plain(p.view(1, -1), length, ()).tokens for p in prompts]
     return [target_generate(target, p.view(1, -1), length).tokens for p in prompts]
 
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON file of the target's continuations: read when it matches, else made and written")
     parser.add_argument("--reference-engine", choices=("auto", "hf", "static"), default="auto",
                         help="plain decoding for the continuations (auto: static on CUDA)")
+    parser.add_argument("--only-references", action="store_true",
+                        help="make (or check) the --references file and stop")
     parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
     args = parser.parse_args(argv)
 
@@ -197,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     key = references_key(Path(args.target).name, dtype, prompts, length)
     continuations = load_or_make_references(args.references, key,
                                             lambda: greedy_references(target, prompts, length, engine, drafter))
+    if args.only_references:
+        print(f"replay: continuations of {len(prompts)} prompts in {args.references}")
+        return 0
     report = replay(target, drafter, prompts, continuations, args.max_new_tokens, block)
     report.update({"target": args.target, "drafter": args.drafter, "prompts_file": args.prompts,
                    "dtype": args.dtype, "device": device})
