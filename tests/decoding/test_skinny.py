@@ -64,3 +64,18 @@ def test_static_decoder_tokens_equal_reference(linear, fused):
         assert out.tokens == ref.tokens == target_generate(target, ids, 24).tokens
         assert out.acceptance_lengths == ref.acceptance_lengths
     assert F.linear is torch.nn.functional.linear
+
+
+def test_eval_layout_auto():
+    """eval's defaults: split-K + fused projections for float32 on CUDA only; explicit wins."""
+    from types import SimpleNamespace
+
+    from dflash_train.eval.evaluate import static_layout
+
+    def fake(device, dtype):
+        return SimpleNamespace(device=torch.device(device), lm_head_weight=torch.empty(0, dtype=dtype))
+
+    assert static_layout("auto", None, fake("cuda", torch.float32)) == ("splitk", True)
+    assert static_layout("auto", None, fake("cuda", torch.bfloat16)) == ("default", True)
+    assert static_layout("auto", None, fake("cpu", torch.float32)) == ("default", False)
+    assert static_layout("mm_t", False, fake("cuda", torch.float32)) == ("mm_t", False)

@@ -41,10 +41,12 @@ def register(subparsers) -> None:
     p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
                    help="inductor mode when compiling (max-autotune-no-cudagraphs: autotuned GEMMs, "
                         "minutes of compilation)")
-    p.add_argument("--linear", choices=("default", "cublaslt", "splitk", "mm_t"), default="default",
-                   help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py")
-    p.add_argument("--fuse-projections", action="store_true",
-                   help="static engine: one GEMM for q/k/v and one for gate/up in every target layer")
+    p.add_argument("--linear", choices=("auto", "default", "cublaslt", "splitk", "mm_t"), default="auto",
+                   help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py "
+                        "(auto: splitk for float32 on CUDA, cuBLAS as is otherwise)")
+    p.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
+                   help="static engine: one GEMM for q/k/v and one for gate/up in every target layer "
+                        "(default: on with CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
