@@ -79,3 +79,12 @@ def test_eval_layout_auto():
     assert static_layout("auto", None, fake("cuda", torch.bfloat16)) == ("default", True)
     assert static_layout("auto", None, fake("cpu", torch.float32)) == ("default", False)
     assert static_layout("mm_t", False, fake("cuda", torch.float32)) == ("mm_t", False)
+
+
+def test_non_contiguous_input():
+    """A strided activation (a slice of a wider tensor) goes through both formulations."""
+    wide = torch.randn(16, 2 * 576)
+    x, w = wide[:, ::2], torch.randn(40, 576)
+    ref = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(split_k_linear(x, w, None, 4), ref, atol=2e-4, rtol=1e-5)
+    torch.testing.assert_close(transposed_linear(x, w, None), ref, atol=2e-4, rtol=1e-5)

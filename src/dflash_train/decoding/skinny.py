@@ -36,12 +36,12 @@ def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """``F.linear`` with K cut into ``slices``: [s, m, K/s] @ [s, K/s, N] summed over s."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
-    parts = torch.bmm(rows.view(-1, slices, k // slices).transpose(0, 1),
-                      weight.view(n, slices, k // slices).permute(1, 2, 0))
+    parts = torch.bmm(rows.reshape(-1, slices, k // slices).transpose(0, 1),
+                      weight.reshape(n, slices, k // slices).permute(1, 2, 0))
     out = parts.sum(0)
     if bias is not None:
         out = out + bias
-    return out.view(*x.shape[:-1], n)
+    return out.reshape(*x.shape[:-1], n)
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -50,7 +50,7 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     out = torch.mm(weight, x.reshape(-1, k).t()).t()
     if bias is not None:
         out = out + bias
-    return out.contiguous().view(*x.shape[:-1], n)
+    return out.contiguous().reshape(*x.shape[:-1], n)
 
 
 def split_count(k: int) -> int:
