@@ -106,3 +106,29 @@ def test_static_references_fit_a_block_past_the_longest_prompt(target):
     static = greedy_references(target, ids, length, engine="static", drafter=drafter)
     assert static == greedy_references(target, ids, length, engine="hf")
     assert [len(c) for c in static] == [length, length]
+
+
+@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
+def test_batched_blocks_equal_step_by_step_drafting(target, layer_types):
+    """Every block of a prompt in one training-style forward == the proposer drafting block
+    by block with its cache (logits at every anchor), and the batched walk == the walk."""
+    from dflash_train.decoding.speculative import DFlashProposer
+    from dflash_train.eval.replay import block_states, replay_one_batched
+
+    drafter = tiny_drafter(target, block_size=6, layer_types=layer_types,
+                           sliding_window=3 if layer_types else None, seed=4)[0]
+    ids = prompts(1, seed=21)[0]
+    n, num_draft = 14, 5
+    cont = target_generate(target, ids, n + num_draft + 1).tokens
+    sequence, prompt_len = ids[0].tolist() + cont, ids.shape[1]
+    anchors = list(range(prompt_len, prompt_len + n))
+    batched = block_states(target, drafter, sequence, anchors, num_draft) @ target.lm_head_weight.T
+    features = target.features(torch.tensor([sequence[: anchors[-1]]]), None, drafter.config.target_layer_ids)
+    proposer, fed = DFlashProposer(target, drafter), 0
+    for i, p in enumerate(anchors):
+        logits = proposer.propose(sequence[: p + 1], features[:, fed:p], num_draft)
+        fed = p
+        torch.testing.assert_close(batched[i], logits, atol=1e-5, rtol=1e-5)
+    walked = replay_one(target, DFlashProposer(target, drafter), ids, cont, n, num_draft, set())
+    assert replay_one_batched(target, drafter, ids, cont, n, num_draft, set()).acceptance_lengths == \
+        walked.acceptance_lengths

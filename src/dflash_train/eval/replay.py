@@ -32,9 +32,11 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from dflash_train.decoding.speculative import (
     SpecResult,
+    _cfg,
     _truncate,
     as_proposer,
     record_step,
@@ -95,33 +97,21 @@ def load_or_make_references(path: str | Path | None, key: str, make) -> list[lis
 # ---------------------------------------------------------------------------------------
 # the walk
 # ---------------------------------------------------------------------------------------
-@torch.no_grad()
-def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], max_new_tokens: int,
-               num_draft: int, stop: set[int]) -> SpecResult:
-    """One prompt's greedy speculative decode, replayed over ``continuation`` (the
-    target's greedy tokens, at least ``max_new_tokens + num_draft + 1`` of them)."""
-    if len(continuation) < max_new_tokens + num_draft + 1:
-        raise ValueError(f"continuation has {len(continuation)} tokens; the walk needs "
-                         f"max_new_tokens + block_size = {max_new_tokens + num_draft + 1}")
-    prompt = prompt.view(-1).tolist()
-    sequence = prompt + list(continuation)
+def _leading_matches(drafts: list[int], truth: list[int]) -> int:
+    return next((k for k, (d, t) in enumerate(zip(drafts, truth)) if d != t), len(drafts))
+
+
+def walk(sequence: list[int], prompt_len: int, max_new_tokens: int, num_draft: int, stop: set[int],
+         accepted_at) -> SpecResult:
+    """The verify steps of a greedy decode over ``sequence`` (prompt + the target's greedy
+    tokens): ``accepted_at(p)`` is how many drafts from the block anchored at position
+    ``p`` match; it is called for increasing ``p``, as a real decode would draft."""
     result = SpecResult([], [], [0] * num_draft, [0] * num_draft, num_draft + 1)
-    features = None
-    layer_ids = list(proposer.feature_layer_ids)
-    if layer_ids:
-        ids = torch.tensor([sequence[: len(prompt) + max_new_tokens + num_draft]], device=target.device)
-        _, features = target.forward_with_features(layer_ids, input_ids=ids, use_cache=False)
-    proposer.reset()
-    generated = [sequence[len(prompt)]]  # the prefill's token
+    generated = [sequence[prompt_len]]  # the prefill's token
     finished = generated[0] in stop or max_new_tokens <= 1
-    fed = 0  # context positions whose features the proposer has
     while not finished:
-        p = len(prompt) + len(generated) - 1  # the last committed token's position
-        new_features = features[:, fed:p] if features is not None else None
-        fed = p
-        drafts = proposer.propose(sequence[: p + 1], new_features, num_draft).argmax(-1).tolist() if num_draft else []
-        truth = sequence[p + 1: p + 1 + num_draft]
-        accepted = next((k for k, (d, t) in enumerate(zip(drafts, truth)) if d != t), num_draft)
+        p = prompt_len + len(generated) - 1  # the last committed token's position
+        accepted = accepted_at(p)
         record_step(result, accepted, num_draft)
         new, finished = _truncate(sequence[p + 1: p + 2 + accepted], max_new_tokens - len(generated), stop)
         generated += new
@@ -129,10 +119,97 @@ def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], 
     return result
 
 
+def _checked_sequence(prompt: torch.Tensor, continuation: list[int], max_new_tokens: int, num_draft: int):
+    if len(continuation) < max_new_tokens + num_draft + 1:
+        raise ValueError(f"continuation has {len(continuation)} tokens; the walk needs "
+                         f"max_new_tokens + block_size = {max_new_tokens + num_draft + 1}")
+    prompt = prompt.view(-1).tolist()
+    return prompt + list(continuation), len(prompt)
+
+
+def _features(target, layer_ids: list[int], sequence: list[int], length: int):
+    """Teacher-forced features of ``sequence[:length]`` [1, length, n*h] (None: no layers)."""
+    if not layer_ids:
+        return None
+    ids = torch.tensor([sequence[:length]], device=target.device)
+    return target.forward_with_features(layer_ids, input_ids=ids, use_cache=False)[1]
+
+
+@torch.no_grad()
+def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], max_new_tokens: int,
+               num_draft: int, stop: set[int]) -> SpecResult:
+    """One prompt's greedy speculative decode, replayed over ``continuation`` (the
+    target's greedy tokens, at least ``max_new_tokens + num_draft + 1`` of them): the
+    proposer drafts exactly as in a real decode (its cache fed step by step)."""
+    sequence, prompt_len = _checked_sequence(prompt, continuation, max_new_tokens, num_draft)
+    features = _features(target, list(proposer.feature_layer_ids), sequence, prompt_len + max_new_tokens + num_draft)
+    proposer.reset()
+    fed = [0]  # context positions whose features the proposer has
+
+    def accepted_at(p: int) -> int:
+        if not num_draft:
+            return 0
+        new_features = features[:, fed[0]:p] if features is not None else None
+        fed[0] = p
+        drafts = proposer.propose(sequence[: p + 1], new_features, num_draft).argmax(-1).tolist()
+        return _leading_matches(drafts, sequence[p + 1: p + 1 + num_draft])
+
+    return walk(sequence, prompt_len, max_new_tokens, num_draft, stop, accepted_at)
+
+
+@torch.no_grad()
+def block_states(target, drafter, sequence: list[int], anchors: list[int], num_draft: int) -> torch.Tensor:
+    """[len(anchors), num_draft, hidden]: the drafter's output states for the draft
+    positions of the block anchored at each of ``anchors``, in one forward as training runs
+    it (all blocks side by side under the dense DFlash mask: block ``a`` sees the context
+    features of positions ``< a`` and itself)."""
+    from dflash_train.models.attention import build_masks
+
+    cfg = drafter.config
+    block, device = num_draft + 1, target.device
+    context_len = max(anchors)
+    features = _features(target, list(_cfg(cfg, "target_layer_ids")), sequence, context_len)
+    dtype = next(drafter.parameters()).dtype
+    anchor_t = torch.tensor([anchors], device=device)
+    masks = build_masks("sdpa", drafter.layer_types, anchor_t, torch.ones_like(anchor_t, dtype=torch.bool),
+                        context_len, block, drafter.sliding_window)
+    ids = torch.full((len(anchors), block), int(_cfg(cfg, "mask_token_id")), dtype=torch.long, device=device)
+    ids[:, 0] = torch.tensor([sequence[a] for a in anchors], device=device)
+    positions = (anchor_t.view(-1, 1) + torch.arange(block, device=device)).view(1, -1)
+    hidden = drafter(target.embed(ids.view(1, -1)).to(dtype), features.to(dtype), positions,
+                     torch.arange(context_len, device=device)[None], masks=masks)
+    return hidden.view(len(anchors), block, -1)[:, 1:]
+
+
+def all_acceptances(target, drafter, sequence: list[int], anchors: list[int], num_draft: int,
+                    lm_head_rows: int = 4096) -> list[int]:
+    """Accepted drafts of the block anchored at each of ``anchors`` (:func:`block_states`,
+    then the target's lm_head in chunks of rows: never all logits at once)."""
+    states = block_states(target, drafter, sequence, anchors, num_draft)
+    rows = states.reshape(-1, states.shape[-1])
+    weight = target.lm_head_weight
+    with torch.no_grad():
+        drafts = torch.cat([F.linear(chunk.to(weight.dtype), weight).argmax(-1)
+                            for chunk in rows.split(lm_head_rows)]).view(len(anchors), num_draft).tolist()
+    return [_leading_matches(d, sequence[a + 1: a + 1 + num_draft]) for d, a in zip(drafts, anchors)]
+
+
+def replay_one_batched(target, drafter, prompt: torch.Tensor, continuation: list[int], max_new_tokens: int,
+                       num_draft: int, stop: set[int]) -> SpecResult:
+    """:func:`replay_one` with every anchor's drafts from :func:`all_acceptances` (one
+    drafter forward per prompt instead of one per verify step)."""
+    sequence, prompt_len = _checked_sequence(prompt, continuation, max_new_tokens, num_draft)
+    anchors = list(range(prompt_len, prompt_len + max_new_tokens))
+    accepted = dict(zip(anchors, all_acceptances(target, drafter, sequence, anchors, num_draft))) if num_draft \
+        else {}
+    return walk(sequence, prompt_len, max_new_tokens, num_draft, stop, lambda p: accepted.get(p, 0))
+
+
 def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[list[int]], max_new_tokens: int,
-           block_size: int | None = None, stop_token_ids=None) -> dict:
+           block_size: int | None = None, stop_token_ids=None, batched: bool = False) -> dict:
     """The ``eval`` report's tau fields (mean tau, per prompt, histogram, per position),
-    from walks over ``continuations``; ``engine`` is "replay" and there is no timing."""
+    from walks over ``continuations``; ``engine`` is "replay" and there is no timing.
+    ``batched``: all of a prompt's blocks in one drafter forward (a DFlash drafter only)."""
     if len(prompts) != len(continuations):
         raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
     proposer = as_proposer(target, drafter)
@@ -142,8 +219,9 @@ def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[lis
     if was_training:
         drafter.eval()
     try:
-        results = [replay_one(target, proposer, torch.as_tensor(p), c, max_new_tokens, block - 1, stop)
-                   for p, c in zip(prompts, continuations)]
+        one = (lambda p, c: replay_one_batched(target, drafter, p, c, max_new_tokens, block - 1, stop)) if batched \
+            else (lambda p, c: replay_one(target, proposer, p, c, max_new_tokens, block - 1, stop))
+        results = [one(torch.as_tensor(p), c) for p, c in zip(prompts, continuations)]
     finally:
         if was_training:
             drafter.train()
@@ -151,7 +229,7 @@ def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[lis
     for key in ("spec_decode_tokens_per_s", "spec_draft_time_s", "spec_verify_time_s", "ms_per_draft_step",
                 "ms_per_verify_step"):
         report.pop(key, None)
-    report.update({"engine": "replay", "max_new_tokens": max_new_tokens, "temperature": 0.0,
+    report.update({"engine": "replay-batched" if batched else "replay", "max_new_tokens": max_new_tokens, "temperature": 0.0,
                    "stop_token_ids": sorted(stop), "lossless": {"checked": False, "ok": None},
                    "prompts": [{"prompt_tokens": int(torch.as_tensor(p).numel()), "new_tokens": len(r.tokens),
                                 "tau": r.mean_tau, "acceptance_lengths": r.acceptance_lengths}
@@ -176,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON file of the target's continuations: read when it matches, else made and written")
     parser.add_argument("--reference-engine", choices=("auto", "hf", "static"), default="auto",
                         help="plain decoding for the continuations (auto: static on CUDA)")
+    parser.add_argument("--batched", action="store_true",
+                        help="every block of a prompt in one drafter forward (training's dense mask) instead of "
+                             "drafting step by step as a real decode does: faster, same tau up to float rounding")
     parser.add_argument("--only-references", action="store_true",
                         help="make (or check) the --references file and stop")
     parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
@@ -203,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_references:
         print(f"replay: continuations of {len(prompts)} prompts in {args.references}")
         return 0
-    report = replay(target, drafter, prompts, continuations, args.max_new_tokens, block)
+    report = replay(target, drafter, prompts, continuations, args.max_new_tokens, block, batched=args.batched)
     report.update({"target": args.target, "drafter": args.drafter, "prompts_file": args.prompts,
                    "dtype": args.dtype, "device": device})
     out = Path(args.out)
