@@ -94,6 +94,12 @@ def tiny_chat_job(tmp_path, **train_overrides) -> dict:
     }
 
 
+def random_prompts(n: int, seed: int = 0, vocab: int = 128) -> list[torch.Tensor]:
+    """``n`` prompts [1, 1..12] of random ids below ``vocab - 1`` (the last id stays free)."""
+    rng = random.Random(seed)
+    return [torch.tensor([[rng.randrange(vocab - 1) for _ in range(rng.randint(1, 12))]]) for _ in range(n)]
+
+
 def one_hot_logits(tokens, vocab: int = 128):
     """Logits [n, vocab] whose argmax is ``tokens`` (what an oracle drafter returns)."""
     logits = torch.full((len(tokens), vocab), -10.0)

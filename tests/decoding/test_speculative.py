@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -16,7 +14,13 @@ from dflash_train.decoding.speculative import (
 )
 from dflash_train.models.attention import build_masks
 from dflash_train.models.target import Target
-from dflash_train.testing import NoisyCheckedProposer, one_hot_logits, tiny_drafter, tiny_qwen3
+from dflash_train.testing import (
+    NoisyCheckedProposer,
+    one_hot_logits,
+    random_prompts,
+    tiny_drafter,
+    tiny_qwen3,
+)
 
 VOCAB = 128
 
@@ -32,8 +36,7 @@ def drafter(target):
 
 
 def prompts(n, seed=0):
-    rng = random.Random(seed)
-    return [torch.tensor([[rng.randrange(VOCAB - 1) for _ in range(rng.randint(1, 12))]]) for _ in range(n)]
+    return random_prompts(n, seed, VOCAB)
 
 
 class OracleProposer:

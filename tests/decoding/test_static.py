@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from dflash_train.decoding.speculative import DFlashProposer, speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
+from dflash_train.testing import random_prompts, tiny_drafter, tiny_qwen3
 
 VOCAB = 128
 
@@ -21,8 +19,7 @@ def target():
 
 
 def prompts(n, seed=0):
-    rng = random.Random(seed)
-    return [torch.tensor([[rng.randrange(VOCAB - 1) for _ in range(rng.randint(1, 12))]]) for _ in range(n)]
+    return random_prompts(n, seed, VOCAB)
 
 
 def test_plain_equals_reference_and_reuses_buffers(target):

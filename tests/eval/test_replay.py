@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import torch
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.eval.replay import greedy_references, load_or_make_references, replay, replay_one
 from dflash_train.models.target import Target
-from dflash_train.testing import NoisyCheckedProposer, tiny_drafter, tiny_qwen3
+from dflash_train.testing import NoisyCheckedProposer, random_prompts, tiny_drafter, tiny_qwen3
 
 VOCAB = 128
 
@@ -22,8 +21,7 @@ def target():
 
 
 def prompts(n, seed=0):
-    rng = random.Random(seed)
-    return [torch.tensor([[rng.randrange(VOCAB - 1) for _ in range(rng.randint(1, 12))]]) for _ in range(n)]
+    return random_prompts(n, seed, VOCAB)
 
 
 @pytest.mark.parametrize("block_size", [2, 4, 8])

@@ -32,6 +32,12 @@ MAX_ROWS = 64
 MIN_SLICE = 128  # split K only into slices of at least this many
 
 
+def check_linear_mode(mode: str) -> str:
+    if mode not in LINEAR_MODES:
+        raise ValueError(f"linear mode must be one of {LINEAR_MODES}, got {mode!r}")
+    return mode
+
+
 def split_k_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, slices: int) -> torch.Tensor:
     """``F.linear`` with K cut into ``slices``: [s, m, K/s] @ [s, K/s, N] summed over s."""
     n, k = weight.shape
@@ -76,9 +82,7 @@ def skinny_linear(mode: str = "default"):
     """Inside the block, few-row float32 matmuls use ``mode`` (see the module docstring).
     ``F.linear`` is patched on ``torch.nn.functional`` (what ``nn.Linear`` calls) and
     restored on exit; "cublaslt" switches the BLAS front end instead."""
-    if mode not in LINEAR_MODES:
-        raise ValueError(f"linear mode must be one of {LINEAR_MODES}, got {mode!r}")
-    if mode == "default":
+    if check_linear_mode(mode) == "default":
         yield
         return
     if mode == "cublaslt":

@@ -54,7 +54,7 @@ from dflash_train.models.attention import decode_masks
 from .cache import KVBuffers, capture_cuda_graph
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
-from .skinny import LINEAR_MODES, skinny_linear
+from .skinny import check_linear_mode, skinny_linear
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
@@ -216,9 +216,7 @@ class StaticDecoder:
                                          self.drafter_dtype, self.device)
         self.cols = torch.arange(self.max_len, device=self.device)
         self.grouped_attention = grouped_attention
-        if linear not in LINEAR_MODES:
-            raise ValueError(f"linear must be one of {LINEAR_MODES}, got {linear!r}")
-        self.linear = linear
+        self.linear = check_linear_mode(linear)
         self.fused = FusedProjections(target.layers) if fuse_projections else None
         self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
         self._inputs()

@@ -61,12 +61,9 @@ def _compile_option(flag: bool | None, mode: str, device: str) -> bool | str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from dflash_train.data.prompt_sets import resolve_prompts
     from dflash_train.devices import resolve_device
     from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
-    from dflash_train.eval.loader import load_drafter_folder
-    from dflash_train.eval.prompts import encode_prompts, read_prompts
-    from dflash_train.models.target import Target
+    from dflash_train.eval.loader import load_eval_inputs
 
     if args.max_new_tokens < 1:
         raise ValueError("--max-new-tokens must be >= 1")
@@ -76,12 +73,7 @@ def run(args: argparse.Namespace) -> int:
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
 
-    prompts = read_prompts(resolve_prompts(args.prompts), limit=args.limit)
-    target = Target.load(args.target, dtype=dtype, device=device)
-    drafter = load_drafter_folder(args.drafter, target)
-    if target.tokenizer is None:
-        raise ValueError(f"target {args.target} has no tokenizer")
-    ids = encode_prompts(target.tokenizer, prompts)
+    target, drafter, ids = load_eval_inputs(args.target, args.drafter, args.prompts, args.limit, device, dtype)
     baseline = not args.no_baseline
     check = baseline and args.temperature == 0 and not args.no_lossless_check
     print(f"eval: {len(ids)} prompts, target {args.target} ({dtype_name}, {device}), drafter {args.drafter}, "

@@ -199,8 +199,8 @@ def static_layout(linear: str, fuse_projections: bool | None, target) -> tuple[s
     return linear, on_cuda if fuse_projections is None else bool(fuse_projections)
 
 
-def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=None, linear="auto",
-              fuse_projections=None):
+def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=False,
+              layout=("default", False)):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):
@@ -216,10 +216,9 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, c
     from dflash_train.decoding.static import StaticDecoder
 
     longest = max(p.shape[1] for p in prompts)
-    linear, fuse_projections = static_layout(linear, fuse_projections, target)
+    linear, fuse_projections = layout
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
-                            block_size=block, compile=static_compile(compile, target.device), linear=linear,
-                            fuse_projections=fuse_projections)
+                            block_size=block, compile=compile, linear=linear, fuse_projections=fuse_projections)
     stop = common["stop_token_ids"]
     return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
@@ -247,8 +246,10 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     gen = torch.Generator(device=device)
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
-    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, opts.compile,
-                                  opts.linear, opts.fuse_projections)
+    compile_steps = static_compile(opts.compile, device)
+    layout = static_layout(opts.linear, opts.fuse_projections, target)
+    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile_steps,
+                                  layout)
     if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
         n = min(2 * block + 1, max_new_tokens)
@@ -281,9 +282,7 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
-        **({"static_compile": static_compile(opts.compile, device),
-            **dict(zip(("static_linear", "static_fused_projections"),
-                       static_layout(opts.linear, opts.fuse_projections, target)))}
+        **({"static_compile": compile_steps, "static_linear": layout[0], "static_fused_projections": layout[1]}
            if engine == "static" else {}),
     })
     if lossless_check:

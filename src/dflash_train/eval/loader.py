@@ -22,3 +22,19 @@ def load_drafter_folder(path: str | os.PathLike, target, dtype: torch.dtype | No
     weight = target.lm_head_weight
     drafter, _ = load_serving_folder(path, target, device=device or weight.device, dtype=dtype or weight.dtype)
     return drafter.eval().requires_grad_(False)
+
+
+def load_eval_inputs(target_path, drafter_path, prompts: str, limit: int | None, device: str, dtype: torch.dtype):
+    """``(target, drafter, prompt ids)`` for an evaluation: the prompts are read first (a bad
+    file fails before any model loads), then the target, the drafter checked against it,
+    and the prompts encoded with the target's chat template."""
+    from dflash_train.data.prompt_sets import resolve_prompts
+    from dflash_train.eval.prompts import encode_prompts, read_prompts
+    from dflash_train.models.target import Target
+
+    texts = read_prompts(resolve_prompts(prompts), limit=limit)
+    target = Target.load(target_path, dtype=dtype, device=device)
+    drafter = load_drafter_folder(drafter_path, target)
+    if target.tokenizer is None:
+        raise ValueError(f"target {target_path} has no tokenizer")
+    return target, drafter, encode_prompts(target.tokenizer, texts)

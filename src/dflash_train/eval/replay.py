@@ -262,18 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
     args = parser.parse_args(argv)
 
-    from dflash_train.data.prompt_sets import resolve_prompts
     from dflash_train.devices import resolve_device
-    from dflash_train.eval.loader import load_drafter_folder
-    from dflash_train.eval.prompts import encode_prompts, read_prompts
-    from dflash_train.models.target import Target
+    from dflash_train.eval.loader import load_eval_inputs
 
     device = str(resolve_device(args.device, "--device"))
     dtype = getattr(torch, args.dtype)
-    target = Target.load(args.target, dtype=dtype, device=device)
-    drafter = load_drafter_folder(args.drafter, target)
-    prompts = [torch.as_tensor(p) for p in encode_prompts(target.tokenizer, read_prompts(
-        resolve_prompts(args.prompts), limit=args.limit))]
+    target, drafter, ids = load_eval_inputs(args.target, args.drafter, args.prompts, args.limit, device, dtype)
+    prompts = [torch.as_tensor(p) for p in ids]
     block = int(args.block_size or drafter.block_size)
     length = args.max_new_tokens + block
     engine = args.reference_engine if args.reference_engine != "auto" else (
