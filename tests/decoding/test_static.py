@@ -91,3 +91,22 @@ def test_length_and_mode_checks(target):
     with pytest.raises(ValueError, match="cudagraph"):
         StaticDecoder(target, drafter, max_len=32, mode="cudagraph")
 
+    with pytest.raises(ValueError, match="compile_steps"):
+        StaticDecoder(target, drafter, max_len=32, mode="eager", compile=True, compile_steps=("prefill",))
+
+
+def test_compile_draft_step_only(target):
+    """``compile_steps=("draft",)``: the drafter's step runs compiled, the target's plain
+    and verify steps keep their uncompiled functions, and the tokens and acceptance
+    lengths stay the reference's."""
+    drafter, _ = tiny_drafter(target, block_size=4, seed=5)
+    decoder = StaticDecoder(target, drafter, max_len=64, mode="eager", compile=True, compile_steps=("draft",))
+    assert decoder.compile_steps == ("draft",)
+    assert decoder.draft_step.compiled and decoder.draft_step.fn is not decoder.draft_step.eager_fn
+    for step in (decoder.plain_step, decoder.verify_step):
+        assert not step.compiled and step.fn is step.eager_fn
+    ids = prompts(1, seed=21)[0]
+    ref = speculative_generate(target, drafter, ids, 16)
+    out = decoder.speculative(ids, 16)
+    assert decoder.draft_step.compiled, "the compiled draft step fell back to eager"
+    assert out.tokens == ref.tokens and out.acceptance_lengths == ref.acceptance_lengths

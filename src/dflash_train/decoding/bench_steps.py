@@ -28,7 +28,7 @@ import warnings
 
 import torch
 
-from .static import StaticDecoder
+from .static import STEPS, StaticDecoder
 
 # name -> StaticDecoder options; the default list on CUDA runs them all in this order, the slow
 # autotuning last
@@ -41,17 +41,21 @@ VARIANTS = {
     "compile+cudagraph-splitk": {"mode": "cudagraph", "compile": "default", "linear": "splitk"},
     "compile+cudagraph-mm_t": {"mode": "cudagraph", "compile": "default", "linear": "mm_t"},
     "compile+cudagraph-cublaslt": {"mode": "cudagraph", "compile": "default", "linear": "cublaslt"},
+    "compile-draft+cudagraph-fused": {"mode": "cudagraph", "compile": "default", "compile_steps": ("draft",),
+                                      "fuse_projections": True},
+    "compile-draft+cudagraph-fused-splitk": {"mode": "cudagraph", "compile": "default", "compile_steps": ("draft",),
+                                            "fuse_projections": True, "linear": "splitk"},
     "compile+cudagraph-fused-splitk": {"mode": "cudagraph", "compile": "default", "fuse_projections": True,
                                        "linear": "splitk"},
     "compile+cudagraph": {"mode": "cudagraph", "compile": "default"},
     "cudagraph-fused": {"mode": "cudagraph", "fuse_projections": True},
+    "cudagraph-fused-splitk": {"mode": "cudagraph", "fuse_projections": True, "linear": "splitk"},
     "compile+cudagraph-fused": {"mode": "cudagraph", "compile": "default", "fuse_projections": True},
     "compile": {"mode": "eager", "compile": "default"},
     "compile+cudagraph-stock": {"mode": "cudagraph", "compile": "default", "grouped_attention": False},
     "autotune+cudagraph": {"mode": "cudagraph", "compile": "max-autotune-no-cudagraphs"},
 }
 CPU_VARIANTS = ("eager", "compile")
-STEPS = ("plain", "verify", "draft")
 
 
 def parse_args(argv=None):

@@ -58,6 +58,7 @@ from .skinny import check_linear_mode, skinny_linear
 from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
+STEPS = ("plain", "verify", "draft")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # ours capture the graph: no inductor cudagraphs
 
 
@@ -180,19 +181,23 @@ class StaticDecoder:
     ``max_len`` bounds prompt + new tokens + one block; buffers and graphs are built once
     and reused for every prompt. ``mode``: eager or CUDA graphs (auto: graphs on CUDA);
     ``compile``: torch.compile each step first (True or an inductor mode in
-    :data:`COMPILE_MODES`); ``grouped_attention``: grouped-query attention without K/V
+    :data:`COMPILE_MODES`), only the steps named in ``compile_steps`` (``("draft",)``
+    compiles the drafter's step alone: the target's plain and verify steps then run the
+    same uncompiled kernels, so a speedup compares equal target engines); ``grouped_attention``: grouped-query attention without K/V
     copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group; ``linear``: how
     few-row float32 matmuls run (:mod:`.skinny`). All five change float rounding only,
     never the algorithm: tokens equal plain greedy in float32 (tests)."""
 
     def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto",
                  compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False,
-                 linear: str = "default"):
+                 linear: str = "default", compile_steps: tuple[str, ...] = STEPS):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         compile_mode = "default" if compile is True else (compile or None)
         if compile_mode is not None and compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile must be a bool or one of {COMPILE_MODES}, got {compile!r}")
+        if not compile_steps or set(compile_steps) - set(STEPS):
+            raise ValueError(f"compile_steps must be a non-empty subset of {STEPS}, got {compile_steps!r}")
         self.target, self.drafter = target, drafter
         self.device = target.device
         on_cuda = self.device.type == "cuda"
@@ -220,10 +225,12 @@ class StaticDecoder:
         self.fused = FusedProjections(target.layers) if fuse_projections else None
         self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
         self._inputs()
-        self.verify_step = _Graphed(self._verify, self.use_graph, compile_mode)
-        self.plain_step = _Graphed(self._plain, self.use_graph, compile_mode)
+        self.compile_steps = tuple(s for s in STEPS if s in compile_steps) if compile_mode else ()
+        modes = {s: compile_mode if s in self.compile_steps else None for s in STEPS}
+        self.verify_step = _Graphed(self._verify, self.use_graph, modes["verify"])
+        self.plain_step = _Graphed(self._plain, self.use_graph, modes["plain"])
         self.draft_step = _Graphed(lambda: self._draft(self.new_features, self.num_new, self.anchor_pos, self.anchor),
-                                   self.use_graph, compile_mode)
+                                   self.use_graph, modes["draft"])
 
     def _inputs(self) -> None:
         """The fixed tensors the captured steps read (written before each replay)."""

@@ -41,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
                    help="inductor mode when compiling (max-autotune-no-cudagraphs: autotuned GEMMs, "
                         "minutes of compilation)")
+    p.add_argument("--compile-steps", default="plain,verify,draft",
+                   help="static engine, with --compile: the steps to compile, a comma list of plain, verify, draft "
+                        "(draft: the drafter's step alone; the target's steps stay uncompiled in both decodes)")
     p.add_argument("--linear", choices=("auto", "default", "cublaslt", "splitk", "mm_t"), default="auto",
                    help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py "
                         "(auto: splitk for float32 on CUDA, cuBLAS as is otherwise)")
@@ -56,6 +59,14 @@ def _compile_option(flag: bool | None, mode: str, device: str) -> bool | str:
     """``--compile/--no-compile`` (unset: on with CUDA) -> False or the inductor mode."""
     on = flag if flag is not None else device.startswith("cuda")
     return mode if on else False
+
+
+def _compile_steps(text: str) -> tuple[str, ...]:
+    steps = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in steps if s not in ("plain", "verify", "draft")]
+    if bad or not steps:
+        raise ValueError(f"--compile-steps: expected a comma list of plain, verify, draft, got {text!r}")
+    return steps
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                           temperature=args.temperature, top_p=args.top_p, baseline=baseline, lossless_check=check,
                           seed=args.seed, progress=True, engine=args.engine,
                           compile=_compile_option(args.compile, args.compile_mode, device), linear=args.linear,
-                          fuse_projections=args.fuse_projections)
+                          fuse_projections=args.fuse_projections, compile_steps=_compile_steps(args.compile_steps))
     report = evaluate(target, drafter, ids, options)
     report["target"], report["drafter"], report["prompts_file"] = str(args.target), str(args.drafter), str(args.prompts)
     json_path, png_path = write_report(report, args.out)

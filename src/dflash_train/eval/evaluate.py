@@ -134,6 +134,7 @@ class EvalOptions:
     progress: bool = False
     engine: str = "hf"
     compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
+    compile_steps: tuple[str, ...] = ("plain", "verify", "draft")  # which steps compile (("draft",): drafter only)
     linear: str = "auto"  # static engine: few-row float32 matmuls (decoding/skinny.py); auto: see static_layout
     fuse_projections: bool | None = None  # static engine: one GEMM for q/k/v and gate/up (None: on CUDA)
 
@@ -200,7 +201,7 @@ def static_layout(linear: str, fuse_projections: bool | None, target) -> tuple[s
 
 
 def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=False,
-              layout=("default", False)):
+              layout=("default", False), compile_steps=("plain", "verify", "draft")):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):
@@ -218,7 +219,8 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, c
     longest = max(p.shape[1] for p in prompts)
     linear, fuse_projections = layout
     decoder = StaticDecoder(target, drafter, max_len=-(-(longest + max_new_tokens + block + 1) // 64) * 64,
-                            block_size=block, compile=compile, linear=linear, fuse_projections=fuse_projections)
+                            block_size=block, compile=compile, linear=linear, fuse_projections=fuse_projections,
+                            compile_steps=tuple(compile_steps))
     stop = common["stop_token_ids"]
     return (lambda ids, n, generator: decoder.speculative(ids, n, stop),
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
@@ -249,7 +251,7 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     compile_steps = static_compile(opts.compile, device)
     layout = static_layout(opts.linear, opts.fuse_projections, target)
     spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile_steps,
-                                  layout)
+                                  layout, opts.compile_steps)
     if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
         n = min(2 * block + 1, max_new_tokens)
@@ -282,7 +284,8 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
-        **({"static_compile": compile_steps, "static_linear": layout[0], "static_fused_projections": layout[1]}
+        **({"static_compile": compile_steps, "static_compiled_steps": list(opts.compile_steps) if compile_steps else [],
+            "static_linear": layout[0], "static_fused_projections": layout[1]}
            if engine == "static" else {}),
     })
     if lossless_check:
