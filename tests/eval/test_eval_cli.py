@@ -151,7 +151,7 @@ def test_evaluate_static_engine_reports_like_hf():
     assert static["engine"] == "static" and static["lossless"]["ok"]
     for key in ("mean_tau", "tau_per_prompt", "num_verify_steps"):
         assert static[key] == hf[key], key
-    assert static["static_compile"] is False  # CPU default
+    assert static["static_compile"] is False and static["static_compiled_steps"] == []  # CPU default
     # the time split per verify step, against one plain step
     steps = static["num_verify_steps"]
     assert static["ms_per_verify_step"] == pytest.approx(1e3 * static["spec_verify_time_s"] / steps)
@@ -182,3 +182,17 @@ def test_compile_option_defaults_to_cuda_only():
     assert _compile_option(None, "default", "cuda:0") == "default" and _compile_option(None, "default", "cpu") is False
     assert _compile_option(False, "default", "cuda") is False
     assert _compile_option(True, "max-autotune-no-cudagraphs", "cpu") == "max-autotune-no-cudagraphs"
+
+
+def test_compile_steps_option_is_parsed_and_checked():
+    """``--compile-steps``: a comma list of the static steps to compile (default: the draft step)."""
+    from dflash_train.cli import build_parser
+    from dflash_train.eval.cli import _compile_steps
+
+    assert _compile_steps(build_parser().parse_args(["eval", "--target", "t", "--drafter", "d",
+                                                     "--prompts", "p"]).compile_steps) == ("draft",)
+    assert _compile_steps(" verify,draft ") == ("verify", "draft")
+    with pytest.raises(ValueError, match="--compile-steps"):
+        _compile_steps("draft,prefill")
+    with pytest.raises(ValueError, match="--compile-steps"):
+        _compile_steps(",")

@@ -26,10 +26,12 @@ def test_cli_reads_eval_reports_on_a_prompt_range_and_writes_png_and_json(tmp_pa
         path.write_text(json.dumps({"prompts": [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in lengths]}))
         points += ["--point", f"{minutes}={path}"]
     out, js = tmp_path / "c.png", tmp_path / "c.json"
-    assert main(points + ["--prompts", "1-1", "--goal", "4", "--out", str(out), "--json", str(js)]) == 0
+    args = ["--prompts", "1-1", "--goal", "4", "--goal", "3.5", "--out", str(out), "--json", str(js)]
+    assert main(points + args) == 0
     result = json.loads(js.read_text())
     assert [p["tau"] for p in result["points"]] == [2.0, 3.0]  # prompt 2 (the 9s) is outside 1-1
-    assert result["gpu_minutes_for_goal"] == pytest.approx(100.0)
+    assert result["gpu_minutes_for_goal"] == pytest.approx(100.0)  # the first goal
+    assert [g["gpu_minutes"] for g in result["goals"]] == pytest.approx([100.0, 10 ** 1.5])
     assert out.stat().st_size > 1000
     assert main(["--point", "0=x.json"]) == 2
     assert "GPU_MINUTES > 0" in capsys.readouterr().err

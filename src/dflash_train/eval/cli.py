@@ -36,14 +36,15 @@ def register(subparsers) -> None:
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
                         "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="static engine: torch.compile each step before CUDA-graph capture (default: on with CUDA, "
+                   help="static engine: torch.compile the steps of --compile-steps before CUDA-graph capture (default: on with CUDA, "
                         "off on CPU); a compile failure warns and keeps the uncompiled step")
     p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
                    help="inductor mode when compiling (max-autotune-no-cudagraphs: autotuned GEMMs, "
                         "minutes of compilation)")
-    p.add_argument("--compile-steps", default="plain,verify,draft",
+    p.add_argument("--compile-steps", default="draft",
                    help="static engine, with --compile: the steps to compile, a comma list of plain, verify, draft "
-                        "(draft: the drafter's step alone; the target's steps stay uncompiled in both decodes)")
+                        "(default draft: the drafter's step alone, so the target runs the same uncompiled kernels "
+                        "in the baseline and in verification)")
     p.add_argument("--linear", choices=("auto", "default", "cublaslt", "splitk", "mm_t"), default="auto",
                    help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py "
                         "(auto: splitk for float32 on CUDA, cuBLAS as is otherwise)")

@@ -134,7 +134,10 @@ class EvalOptions:
     progress: bool = False
     engine: str = "hf"
     compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
-    compile_steps: tuple[str, ...] = ("plain", "verify", "draft")  # which steps compile (("draft",): drafter only)
+    # which static steps compile: the drafter's alone by default, so the target runs the same (uncompiled,
+    # graphed) kernels in the plain baseline and in verification; on an H200 this took SmolLM2's draft step
+    # from 0.93 to 0.32 ms in bf16 (docs/results/smollm2-h200-4); ("plain", "verify", "draft"): all three
+    compile_steps: tuple[str, ...] = ("draft",)
     linear: str = "auto"  # static engine: few-row float32 matmuls (decoding/skinny.py); auto: see static_layout
     fuse_projections: bool | None = None  # static engine: one GEMM for q/k/v and gate/up (None: on CUDA)
 
@@ -201,7 +204,7 @@ def static_layout(linear: str, fuse_projections: bool | None, target) -> tuple[s
 
 
 def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile=False,
-              layout=("default", False), compile_steps=("plain", "verify", "draft")):
+              layout=("default", False), compile_steps=("draft",)):
     """(speculative, plain) callables ``f(ids, n, generator, **extra)`` for ``engine``."""
     if engine == "hf":
         def spec(ids, n, generator):

@@ -65,23 +65,25 @@ def parse_point(text: str) -> tuple[float, str]:
     return value, path
 
 
-def plot(minutes, taus, fit: Fit, goal: float, out: Path, title: str) -> None:
+def plot(minutes, taus, fit: Fit, goals: list[float], out: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    need = fit.minutes_for(goal)
-    hi = max(max(minutes), need if need and need < 1e6 else max(minutes)) * 1.5
+    needs = [n for n in (fit.minutes_for(g) for g in goals) if n and n < 1e6]
+    hi = max([max(minutes), *needs]) * 1.5
     grid = [min(minutes) / 1.5 * (hi / (min(minutes) / 1.5)) ** (i / 99) for i in range(100)]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(minutes, taus, "o", color="C0", label="held-out tau (one run each)")
     ax.plot(grid, [fit.tau_at(g) for g in grid], "--", color="C1",
             label=f"fit: tau = {fit.intercept:.2f} + {fit.slope:.2f} log10(GPU-min), R^2 {fit.r2:.2f}")
-    if need:
-        ax.axhline(goal, color="grey", lw=0.8)
-        ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min (extrapolated)", (need, goal), textcoords="offset points",
-                    xytext=(-10, 8), ha="right", fontsize=8)
+    for goal in goals:
+        need = fit.minutes_for(goal)
+        if need:
+            ax.axhline(goal, color="grey", lw=0.8)
+            ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min (extrapolated)", (need, goal), textcoords="offset points",
+                        xytext=(-10, -12), ha="right", fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("training compute (H200 GPU-minutes, log scale)")
     ax.set_ylabel("held-out tau (B = 16, greedy)")
@@ -97,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--point", action="append", required=True, help="GPU_MINUTES=EVAL_JSON (repeatable)")
     parser.add_argument("--prompts", default=None, help="1-based prompt range, e.g. 1-24 (default: all)")
-    parser.add_argument("--goal", type=float, default=3.0, help="the tau whose cost the fit reports")
+    parser.add_argument("--goal", type=float, action="append", default=None,
+                        help="a tau whose cost the fit reports (repeatable; default 3)")
     parser.add_argument("--title", default="DFlash drafter: held-out tau vs training compute")
     parser.add_argument("--out", default="tau_vs_compute.png")
     parser.add_argument("--json", default=None)
@@ -116,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"scaling: {err}", file=sys.stderr)
         return 2
-    plot(minutes, taus, fit, args.goal, Path(args.out), args.title)
+    goals = args.goal or [3.0]
+    plot(minutes, taus, fit, goals, Path(args.out), args.title)
     result = {"points": [{"gpu_minutes": m, "tau": t, "eval": p} for (m, p), t in zip(points, taus)],
-              "fit": asdict(fit), "goal_tau": args.goal, "gpu_minutes_for_goal": fit.minutes_for(args.goal)}
+              "fit": asdict(fit), "goal_tau": goals[0], "gpu_minutes_for_goal": fit.minutes_for(goals[0]),
+              "goals": [{"tau": g, "gpu_minutes": fit.minutes_for(g)} for g in goals]}
     for (m, _), t in zip(points, taus):
         print(f"{m:8.2f} GPU-min  tau {t:.3f}  (fit {fit.tau_at(m):.3f})")
-    need = result["gpu_minutes_for_goal"]
-    print(f"fit: tau = {fit.intercept:.3f} + {fit.slope:.3f} * log10(GPU-min), R^2 {fit.r2:.3f}; "
-          f"tau {args.goal:g} at {'never (no growth)' if need is None else f'~{need:,.0f} GPU-min'}")
+    costs = "; ".join(f"tau {g['tau']:g} at " + ("never (no growth)" if g["gpu_minutes"] is None
+                                                  else f"~{g['gpu_minutes']:,.0f} GPU-min") for g in result["goals"])
+    print(f"fit: tau = {fit.intercept:.3f} + {fit.slope:.3f} * log10(GPU-min), R^2 {fit.r2:.3f}; {costs}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
