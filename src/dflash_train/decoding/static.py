@@ -183,10 +183,11 @@ class StaticDecoder:
     ``compile``: torch.compile each step first (True or an inductor mode in
     :data:`COMPILE_MODES`), only the steps named in ``compile_steps`` (``("draft",)``
     compiles the drafter's step alone: the target's plain and verify steps then run the
-    same uncompiled kernels, so a speedup compares equal target engines); ``grouped_attention``: grouped-query attention without K/V
-    copies; ``fuse_projections``: one GEMM per q/k/v and gate/up group; ``linear``: how
-    few-row float32 matmuls run (:mod:`.skinny`). All five change float rounding only,
-    never the algorithm: tokens equal plain greedy in float32 (tests)."""
+    same uncompiled kernels, so a speedup compares equal target engines);
+    ``grouped_attention``: grouped-query attention without K/V copies;
+    ``fuse_projections``: one GEMM per q/k/v and gate/up group; ``linear``: how few-row
+    float32 matmuls run (:mod:`.skinny`). All of these change float rounding only, never
+    the algorithm: tokens equal plain greedy in float32 (tests)."""
 
     def __init__(self, target, drafter, max_len: int, block_size: int | None = None, mode: str = "auto",
                  compile: bool | str = False, grouped_attention: bool = True, fuse_projections: bool = False,

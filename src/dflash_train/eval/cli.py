@@ -36,8 +36,8 @@ def register(subparsers) -> None:
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
                         "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="static engine: torch.compile the steps of --compile-steps before CUDA-graph capture (default: on with CUDA, "
-                        "off on CPU); a compile failure warns and keeps the uncompiled step")
+                   help="static engine: torch.compile the steps of --compile-steps before CUDA-graph capture "
+                        "(default: on with CUDA, off on CPU); a compile failure warns and keeps the uncompiled step")
     p.add_argument("--compile-mode", choices=("default", "max-autotune-no-cudagraphs"), default="default",
                    help="inductor mode when compiling (max-autotune-no-cudagraphs: autotuned GEMMs, "
                         "minutes of compilation)")
@@ -63,6 +63,8 @@ def _compile_option(flag: bool | None, mode: str, device: str) -> bool | str:
 
 
 def _compile_steps(text: str) -> tuple[str, ...]:
+    """``--compile-steps`` -> a tuple of step names (listed here: importing decoding.static, which
+    holds them, would import torch before arguments are parsed)."""
     steps = tuple(s.strip() for s in text.split(",") if s.strip())
     bad = [s for s in steps if s not in ("plain", "verify", "draft")]
     if bad or not steps:

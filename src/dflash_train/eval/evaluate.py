@@ -251,9 +251,9 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     gen = torch.Generator(device=device)
     common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
 
-    compile_steps = static_compile(opts.compile, device)
+    compile_mode = static_compile(opts.compile, device)
     layout = static_layout(opts.linear, opts.fuse_projections, target)
-    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile_steps,
+    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile_mode,
                                   layout, opts.compile_steps)
     if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
@@ -287,7 +287,7 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
         "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
         "engine": engine,
-        **({"static_compile": compile_steps, "static_compiled_steps": list(opts.compile_steps) if compile_steps else [],
+        **({"static_compile": compile_mode, "static_compiled_steps": list(opts.compile_steps) if compile_mode else [],
             "static_linear": layout[0], "static_fused_projections": layout[1]}
            if engine == "static" else {}),
     })
