@@ -99,6 +99,10 @@ class TrainConfig:
     # > 0: the loss target at each label is (1 - distill) * onehot(label) + distill * the target's own
     # next-token distribution there (objective/loss.py); the target then runs all its layers. 0: plain CE.
     distill: float = 0.0
+    # "device" / "cpu": keep every conversation's target features after its first epoch (on the training
+    # device / in host memory) and skip the target forward when a micro-batch is all cached
+    # (train/features.py, SampleFeatureCache: exact, memory = dataset tokens x feature width); "off": recompute
+    feature_cache: str = "off"
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
 
@@ -133,6 +137,11 @@ class TrainConfig:
                              "choose one")
         if not 0 <= self.distill <= 1:
             raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
+        if self.feature_cache not in ("off", "device", "cpu"):
+            raise ValueError(f"train.feature_cache must be off, device or cpu, got {self.feature_cache!r}")
+        if self.feature_cache != "off" and self.distill > 0:
+            raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
+                             "final hidden states at every step: use one or the other")
         for name in ("fsdp_drafter", "fsdp_target"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")

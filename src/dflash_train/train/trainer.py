@@ -21,7 +21,7 @@ from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
 from dflash_train.objective.blocks import default_gamma
 from dflash_train.objective.step import ObjectiveOptions
-from dflash_train.train.features import LocalFeatures
+from dflash_train.train.features import LocalFeatures, SampleFeatureCache
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import build_optimizer, build_scheduler
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter
@@ -105,7 +105,7 @@ class Trainer:
         self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
                                          data_parallel)
         self._build_data()
-        self.source = (features or LocalFeatures)(self)
+        self.source = self._feature_source(features)
         self.timings = timings
         # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see _optimizer_step.
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim,
@@ -122,6 +122,23 @@ class Trainer:
         self.logger: MetricLogger | None = None
 
     # -- set-up ----------------------------------------------------------------------------
+    def _feature_source(self, features):
+        """The local target (or the given source factory), behind the per-conversation feature
+        cache when ``train.feature_cache`` is on."""
+        source = (features or LocalFeatures)(self)
+        where = self.cfg.train.feature_cache
+        if where == "off":
+            return source
+        if features is not None:
+            raise ValueError("train.feature_cache caches a local target's features (one process or colocated "
+                             "ranks); the disaggregated topology streams them: set train.feature_cache=off")
+        width = len(self.drafter_cfg.target_layer_ids) * self.target.facts.hidden_size
+        cache = SampleFeatureCache(source, self.dataset["length"], width, self.dtype,
+                                   self.device if where == "device" else "cpu")
+        self.echo(f"feature cache: {int(cache.offsets[-1]):,} tokens x {width} features, {cache.gib:.1f} GiB on "
+                  f"{cache.store.device}; target forwards stop once every conversation has been seen")
+        return cache
+
     def build_scheduler(self):
         """The LR schedule over ``total_steps`` (and the time budget, when one is set)."""
         budget = self.budget_seconds

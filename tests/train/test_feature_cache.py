@@ -1,0 +1,135 @@
+"""The per-conversation feature cache: exact features for any later packing, no target
+forward once a micro-batch is all cached, and training equal to training without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dflash_train.config import config_from_dict, load_config
+from dflash_train.data.batching import MicroBatch
+from dflash_train.models.attention import document_layout
+from dflash_train.testing import tiny_chat_job, tiny_chat_target
+from dflash_train.train import trainer as trainer_module
+from dflash_train.train.features import LocalFeatures, SampleFeatureCache
+from dflash_train.train.loop import train
+
+SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
+LENGTHS = [3, 5, 2, 4]
+
+
+class FakeTarget:
+    """Features that name their token: (conversation id, position in it); padding gets 7s,
+    which a cache must not hand back (it returns zeros there)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def features(self, micro_batch, input_ids, attention_mask):
+        self.calls += 1
+        docs = _docs(micro_batch)
+        _, positions = document_layout(docs)
+        real = (docs >= 0)[..., None]
+        return torch.where(real, torch.stack([docs, positions], -1).float(), torch.full((), 7.0))
+
+
+def _docs(mb: MicroBatch) -> torch.Tensor:
+    if mb.doc_ids is not None:
+        return mb.doc_ids
+    return torch.where(mb.attention_mask.bool(), mb.sample_ids[:, None], -1)
+
+
+def packed(rows: list[list[int]], seq: int = 10) -> MicroBatch:
+    doc_ids = torch.full((len(rows), seq), -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for sample in row:
+            doc_ids[r, at:at + LENGTHS[sample]] = sample
+            at += LENGTHS[sample]
+    mask = (doc_ids >= 0).long()
+    return MicroBatch(torch.zeros_like(doc_ids), mask, mask, torch.tensor([row[0] for row in rows]), 0, doc_ids)
+
+
+def unpacked(samples: list[int], seq: int = 6) -> MicroBatch:
+    mask = torch.zeros(len(samples), seq, dtype=torch.long)
+    for r, sample in enumerate(samples):
+        mask[r, :LENGTHS[sample]] = 1
+    return MicroBatch(torch.zeros_like(mask), mask, mask, torch.tensor(samples), 0)
+
+
+def expected(mb: MicroBatch) -> torch.Tensor:
+    docs = _docs(mb)
+    _, positions = document_layout(docs)
+    return torch.stack([docs, positions], -1).float() * (docs >= 0)[..., None]
+
+
+def serve(cache, mb):
+    return cache.features(mb, mb.input_ids, mb.attention_mask)
+
+
+def test_cached_features_follow_any_later_packing():
+    target = FakeTarget()
+    cache = SampleFeatureCache(target, LENGTHS, width=2, dtype=torch.float32, device="cpu")
+    first = [packed([[0, 1], [2]]), unpacked([3])]  # "epoch 1": every conversation once
+    for mb in first:
+        torch.testing.assert_close(serve(cache, mb)[_docs(mb) >= 0], expected(mb)[_docs(mb) >= 0])
+    assert (target.calls, cache.misses, cache.hits) == (2, 2, 0)
+    for mb in (packed([[2, 0], [3, 1]]), packed([[1, 2, 0]]), unpacked([1, 3])):  # other packings: no forward
+        torch.testing.assert_close(serve(cache, mb), expected(mb))  # zeros on padding, not the source's 7s
+    assert (target.calls, cache.hits) == (2, 3)
+
+
+def test_a_micro_batch_with_an_unseen_conversation_runs_the_target():
+    target = FakeTarget()
+    cache = SampleFeatureCache(target, LENGTHS, width=2, dtype=torch.float32, device="cpu")
+    serve(cache, packed([[0, 1]]))
+    out = serve(cache, packed([[1, 2]]))  # 2 is new: the whole micro-batch comes from the target
+    assert target.calls == 2 and cache.hits == 0
+    assert (out == 7).any()  # the source's own output, padding included
+    torch.testing.assert_close(serve(cache, packed([[2], [1]])), expected(packed([[2], [1]])))
+    assert target.calls == 2 and cache.hits == 1
+
+
+def test_options_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="feature_cache must be off, device or cpu"):
+        load_config("cpu-demo", ["train.feature_cache=gpu"])
+    with pytest.raises(ValueError, match="feature_cache stores features only"):
+        load_config("cpu-demo", ["train.feature_cache=device", "train.distill=0.5"])
+    assert load_config("cpu-demo", ["train.feature_cache=cpu"]).train.feature_cache == "cpu"
+    with pytest.raises(ValueError, match="disaggregated topology streams them"):  # a source given by the caller
+        trainer_module.Trainer(config_from_dict(tiny_chat_job(tmp_path, feature_cache="device")),
+                               target=tiny_chat_target(SMOLLM2), echo=lambda *a: None, features=LocalFeatures)
+    with pytest.raises(ValueError, match="could not be allocated"):
+        SampleFeatureCache(FakeTarget(), [2**40], width=2**10, dtype=torch.float32, device="cpu")
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r]
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_training_with_the_cache_equals_training_without(tmp_path, monkeypatch, pack):
+    """Three epochs of the tiny chat job: the same losses step for step, and after the
+    first epoch the target runs no more (all micro-batches served from the cache)."""
+    made = []
+
+    class Recording(SampleFeatureCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(trainer_module, "SampleFeatureCache", Recording)
+    curves = {}
+    for where in ("off", "device"):
+        job = tiny_chat_job(tmp_path / where, max_steps=30, feature_cache=where)
+        job["data"]["pack"] = pack
+        summary = train(config_from_dict(job), target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
+        assert summary["steps"] == 30
+        curves[where] = _losses(tmp_path / where / "run")
+    (cache,) = made
+    assert cache.hits > 0 and cache.misses > 0 and bool(cache.cached.all())
+    torch.testing.assert_close(torch.tensor(curves["device"]), torch.tensor(curves["off"]), rtol=1e-5, atol=1e-5)
