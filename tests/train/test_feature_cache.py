@@ -129,7 +129,9 @@ def test_training_with_the_cache_equals_training_without(tmp_path, monkeypatch, 
         job["data"]["pack"] = pack
         summary = train(config_from_dict(job), target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
         assert summary["steps"] == 30
+        assert ("feature_cache" in summary) == (where != "off")
         curves[where] = _losses(tmp_path / where / "run")
     (cache,) = made
     assert cache.hits > 0 and cache.misses > 0 and bool(cache.cached.all())
+    assert summary["feature_cache"] == {"hits": cache.hits, "misses": cache.misses, "gib": round(cache.gib, 2)}
     torch.testing.assert_close(torch.tensor(curves["device"]), torch.tensor(curves["off"]), rtol=1e-5, atol=1e-5)

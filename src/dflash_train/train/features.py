@@ -58,6 +58,10 @@ class TimedFeatures:
     def finish(self) -> None:
         self.source.finish()
 
+    def report(self) -> dict:
+        """Steps served from the cache (no target forward) and steps that ran the target."""
+        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
+
 
 class CachedFeatures:
     """Computes each micro-batch's features once and serves them again (the planner times
@@ -78,6 +82,10 @@ class CachedFeatures:
 
     def finish(self) -> None:
         self.source.finish()
+
+    def report(self) -> dict:
+        """Steps served from the cache (no target forward) and steps that ran the target."""
+        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
 
 
 class SampleFeatureCache:
@@ -125,6 +133,10 @@ class SampleFeatureCache:
 
     def finish(self) -> None:
         self.source.finish()
+
+    def report(self) -> dict:
+        """Steps served from the cache (no target forward) and steps that ran the target."""
+        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
 
     def _layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sample ids present, flat slots of real tokens in the micro-batch, their rows in

@@ -118,6 +118,8 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
     summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
     if trainer.counters.bad_steps:
         summary["bad_steps"] = trainer.counters.bad_steps
+    if "feature_cache" in result:
+        summary["feature_cache"] = result["feature_cache"]
     if evaluator is not None and not result["stopped_early"]:
         summary["tau_after"] = evaluator(trainer)
     trainer.logger.close()

@@ -288,7 +288,12 @@ class Trainer:
         self.source.finish()
         if bar is not None:
             bar.close()
-        return {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
+        out = {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
+        if isinstance(self.source, SampleFeatureCache):
+            out["feature_cache"] = self.source.report()
+            self.echo(f"feature cache: {out['feature_cache']['hits']} steps from the cache, "
+                      f"{out['feature_cache']['misses']} ran the target")
+        return out
 
     def open_logger(self) -> MetricLogger:
         if self.logger is None:
