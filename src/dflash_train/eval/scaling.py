@@ -9,6 +9,11 @@ extrapolation: it says what the trend predicts, not what a run would reach.
     python -m dflash_train.eval.scaling --point 1=r1/eval.json --point 2=r2/eval.json \\
         --point 4=r4/eval.json --point 15=main/eval.json --prompts 1-24 --goal 3 \\
         --out tau_vs_compute.png --json tau_vs_compute.json
+
+Two recipes on one plot: name each point's series, ``--point "new recipe@6=main/eval.json"``.
+Each series gets its own line (when it has two budgets or more); the first is the one whose
+fit the JSON's top-level fields report. Comparing lines, not single points, says whether a
+change moves the whole curve or only its start.
 """
 
 from __future__ import annotations
@@ -54,50 +59,98 @@ def fit_log_linear(minutes: list[float], taus: list[float]) -> Fit:
     return Fit(intercept, slope, 1.0 - resid / total if total > 0 else 1.0)
 
 
-def parse_point(text: str) -> tuple[float, str]:
-    minutes, sep, path = text.partition("=")
+def parse_point(text: str) -> tuple[str, float, str]:
+    """``[SERIES@]GPU_MINUTES=EVAL_JSON`` -> (series, minutes, path); no series: ``""``."""
+    head, sep, path = text.partition("=")
+    series, _, minutes = head.rpartition("@")
     try:
         value = float(minutes)
     except ValueError:
         value = -1.0
     if not sep or value <= 0:
-        raise ValueError(f"--point {text!r}: expected GPU_MINUTES=EVAL_JSON with GPU_MINUTES > 0")
-    return value, path
+        raise ValueError(f"--point {text!r}: expected [SERIES@]GPU_MINUTES=EVAL_JSON with GPU_MINUTES > 0")
+    return series, value, path
 
 
-def plot(minutes, taus, fit: Fit, goals: list[float], out: Path, title: str) -> None:
+@dataclass
+class Series:
+    """One recipe's runs: (GPU-minutes, held-out tau) and their line, if there are two budgets."""
+
+    label: str
+    minutes: list[float]
+    taus: list[float]
+    evals: list[str]
+    fit: Fit | None
+
+
+def read_series(point_args: list[str], prompts: str | None) -> list[Series]:
+    """Group ``--point`` values by series (in order of first appearance) and read their taus."""
+    groups: dict[str, list[tuple[float, str]]] = {}
+    for series, minutes, path in (parse_point(p) for p in point_args):
+        groups.setdefault(series, []).append((minutes, path))
+    out = []
+    for label, points in groups.items():
+        points.sort()
+        taus = []
+        for _, path in points:
+            runs = load_report(path)["prompts"]
+            if prompts:
+                first, last = parse_range(prompts)
+                runs = runs[first:last]
+            taus.append(steps_tau(runs))
+        minutes = [m for m, _ in points]
+        fit = fit_log_linear(minutes, taus) if len(set(minutes)) > 1 else None
+        out.append(Series(label, minutes, taus, [p for _, p in points], fit))
+    if out[0].fit is None:
+        raise ValueError(f"series {out[0].label or '(unnamed)'}: a fit needs at least two different compute budgets")
+    return out
+
+
+def plot(series: list[Series], goals: list[float], out: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    needs = [n for n in (fit.minutes_for(g) for g in goals) if n and n < 1e6]
-    hi = max([max(minutes), *needs]) * 1.5
-    grid = [min(minutes) / 1.5 * (hi / (min(minutes) / 1.5)) ** (i / 99) for i in range(100)]
+    fits = [x.fit for x in series if x.fit is not None]
+    needs = [n for f in fits for n in (f.minutes_for(g) for g in goals) if n and n < 1e6]
+    lo = min(min(x.minutes) for x in series) / 1.5
+    hi = max([*(max(x.minutes) for x in series), *needs]) * 1.5
+    grid = [lo * (hi / lo) ** (i / 99) for i in range(100)]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(minutes, taus, "o", color="C0", label="held-out tau (one run each)")
-    ax.plot(grid, [fit.tau_at(g) for g in grid], "--", color="C1",
-            label=f"fit: tau = {fit.intercept:.2f} + {fit.slope:.2f} log10(GPU-min), R^2 {fit.r2:.2f}")
+    for i, x in enumerate(series):
+        name = x.label or "held-out tau"
+        ax.plot(x.minutes, x.taus, "os^v"[i % 4], color=f"C{2 * i}", label=f"{name} (one run each)")
+        if x.fit is not None:
+            f = x.fit
+            ax.plot(grid, [f.tau_at(g) for g in grid], "--", color=f"C{2 * i + 1}",
+                    label=f"fit: tau = {f.intercept:.2f} + {f.slope:.2f} log10(GPU-min), R^2 {f.r2:.2f}")
+            for goal in goals:
+                need = f.minutes_for(goal)
+                if need:
+                    ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min", (need, goal), textcoords="offset points",
+                                xytext=(-10, -12 - 10 * i), ha="right", fontsize=8, color=f"C{2 * i + 1}")
     for goal in goals:
-        need = fit.minutes_for(goal)
-        if need:
-            ax.axhline(goal, color="grey", lw=0.8)
-            ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min (extrapolated)", (need, goal), textcoords="offset points",
-                        xytext=(-10, -12), ha="right", fontsize=8)
+        ax.axhline(goal, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("training compute (H200 GPU-minutes, log scale)")
     ax.set_ylabel("held-out tau (B = 16, greedy)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title + " (lines extrapolated)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
 
 
+def _cost(tau: float, fit: Fit) -> str:
+    need = fit.minutes_for(tau)
+    return f"tau {tau:g} at " + ("never (no growth)" if need is None else f"~{need:,.0f} GPU-min")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--point", action="append", required=True, help="GPU_MINUTES=EVAL_JSON (repeatable)")
+    parser.add_argument("--point", action="append", required=True, help="[SERIES@]GPU_MINUTES=EVAL_JSON (repeatable)")
     parser.add_argument("--prompts", default=None, help="1-based prompt range, e.g. 1-24 (default: all)")
     parser.add_argument("--goal", type=float, action="append", default=None,
                         help="a tau whose cost the fit reports (repeatable; default 3)")
@@ -106,29 +159,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     try:
-        points = sorted(parse_point(p) for p in args.point)
-        taus = []
-        for _, path in points:
-            prompts = load_report(path)["prompts"]
-            if args.prompts:
-                first, last = parse_range(args.prompts)
-                prompts = prompts[first:last]
-            taus.append(steps_tau(prompts))
-        minutes = [m for m, _ in points]
-        fit = fit_log_linear(minutes, taus)
+        series = read_series(args.point, args.prompts)
     except ValueError as err:
         print(f"scaling: {err}", file=sys.stderr)
         return 2
     goals = args.goal or [3.0]
-    plot(minutes, taus, fit, goals, Path(args.out), args.title)
-    result = {"points": [{"gpu_minutes": m, "tau": t, "eval": p} for (m, p), t in zip(points, taus)],
-              "fit": asdict(fit), "goal_tau": goals[0], "gpu_minutes_for_goal": fit.minutes_for(goals[0]),
-              "goals": [{"tau": g, "gpu_minutes": fit.minutes_for(g)} for g in goals]}
-    for (m, _), t in zip(points, taus):
-        print(f"{m:8.2f} GPU-min  tau {t:.3f}  (fit {fit.tau_at(m):.3f})")
-    costs = "; ".join(f"tau {g['tau']:g} at " + ("never (no growth)" if g["gpu_minutes"] is None
-                                                  else f"~{g['gpu_minutes']:,.0f} GPU-min") for g in result["goals"])
-    print(f"fit: tau = {fit.intercept:.3f} + {fit.slope:.3f} * log10(GPU-min), R^2 {fit.r2:.3f}; {costs}")
+    plot(series, goals, Path(args.out), args.title)
+    rows = []
+    for x in series:
+        rows.append({"label": x.label, "fit": asdict(x.fit) if x.fit else None,
+                     "points": [{"gpu_minutes": m, "tau": t, "eval": p} for m, t, p in zip(x.minutes, x.taus, x.evals)],
+                     "goals": [{"tau": g, "gpu_minutes": x.fit.minutes_for(g) if x.fit else None} for g in goals]})
+        for m, t in zip(x.minutes, x.taus):
+            fitted = f"  (fit {x.fit.tau_at(m):.3f})" if x.fit else ""
+            print(f"{x.label + ': ' if x.label else ''}{m:8.2f} GPU-min  tau {t:.3f}{fitted}")
+        if x.fit:
+            f = x.fit
+            print(f"{x.label + ': ' if x.label else ''}fit: tau = {f.intercept:.3f} + {f.slope:.3f} * log10(GPU-min), "
+                  f"R^2 {f.r2:.3f}; " + "; ".join(_cost(g, f) for g in goals))
+    first = rows[0]
+    result = {"points": first["points"], "fit": first["fit"], "goal_tau": goals[0],
+              "gpu_minutes_for_goal": first["goals"][0]["gpu_minutes"], "goals": first["goals"], "series": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
