@@ -78,8 +78,15 @@ def test_first_step_report_and_artifacts(tmp_path, monkeypatch):
     report = first.done(12.5)
     assert report["compile_cache"] == "empty" and report["first_step_s"] == 12.5
     assert 0 < report["compile_s"] < 12.5 + 600
-    assert "first step 12.5 s" in lines[-1]
+    assert report["compile_graphs"]["from_cache"] == 0 and report["compile_graphs"]["compiled"] > 0
+    assert "first step 12.5 s" in lines[-1] and "0 from the cache" in lines[-1]
     assert first.done(1.0) == {}  # reported once
     assert (tmp_path / "run" / COMPILE_ARTIFACTS).stat().st_size > 0
+    torch._dynamo.reset()  # a new process, as far as dynamo knows: the graphs come from the disk cache
     again = compilation.FirstStep(tmp_path / "run", None, enabled=True, is_main=True, echo=lines.append)
     assert again.state == "warm" and "compile-artifacts.bin" in lines[-1]
+    drafter, _ = tiny_drafter(target, num_layers=2, block_size=4)
+    parallelize_drafter(drafter, activation_checkpointing=False, compile=True)
+    _train_step(target, drafter)
+    graphs = again.done(1.0)["compile_graphs"]
+    assert graphs == {"from_cache": report["compile_graphs"]["compiled"], "compiled": 0}

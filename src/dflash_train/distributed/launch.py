@@ -22,7 +22,7 @@ from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topol
 from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.distributed.groups import Groups, build_groups
 from dflash_train.train.features import LocalFeatures, TimedFeatures
-from dflash_train.train.loop import train
+from dflash_train.train.loop import tokenize_before_target, train
 from dflash_train.train.parallelize import DataParallel, parallelize_target
 from dflash_train.train.timings import Timings
 
@@ -47,6 +47,8 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
         cfg.train.device = str(env.device)
     try:
         topo = Topology.build(env.world, target_ranks, drafter_ranks)
+        if target is None and env.rank == 0:  # bad data fails before any rank's target load ends
+            tokenize_before_target(cfg)
         if env.distributed:
             role = "colocated" if not topo.disaggregated else ("drafter" if topo.is_drafter(env.rank) else "target")
             watchdog.start(env.rank, role)

@@ -93,15 +93,10 @@ class Target(nn.Module):
     @classmethod
     def load(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None) -> Target:
         """Load a target from a local folder or ``folder/file.gguf`` (frozen, eval mode)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        path = Path(path)
-        if path.suffix == ".gguf" and gguf_file is None:
-            path, gguf_file = path.parent, path.name
-        if not path.exists():
-            raise FileNotFoundError(f"target not found: {path}")
-        kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+        path, kwargs = _target_location(path, gguf_file)
+        tokenizer = load_tokenizer(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
         return cls(model, tokenizer)
 
@@ -210,3 +205,22 @@ class Target(nn.Module):
         with self._capture(layer_ids, truncate=False) as captured:
             out = self.model(**kwargs)
         return out, torch.cat([captured[i] for i in layer_ids], dim=-1)
+
+
+def _target_location(path: str | os.PathLike, gguf_file: str | None) -> tuple[Path, dict]:
+    """A folder (and ``gguf_file`` in it), or ``folder/file.gguf``: (folder, from_pretrained kwargs)."""
+    path = Path(path)
+    if path.suffix == ".gguf" and gguf_file is None:
+        path, gguf_file = path.parent, path.name
+    if not path.exists():
+        raise FileNotFoundError(f"target not found: {path}")
+    return path, ({"gguf_file": gguf_file} if gguf_file else {})
+
+
+def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
+    """The target's tokenizer alone (seconds), exactly as ``Target.load`` loads it: the data can be
+    tokenized and checked before the model's weights are read (minutes for a large target)."""
+    from transformers import AutoTokenizer
+
+    path, kwargs = _target_location(path, gguf_file)
+    return AutoTokenizer.from_pretrained(path, **kwargs)

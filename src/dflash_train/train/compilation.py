@@ -11,7 +11,9 @@ backward) during the first step. On an empty cache that is most of a short run, 
   (``torch.compiler.save_cache_artifacts``) to ``RUN/compile-artifacts.bin``; a resumed run
   loads them, and ``train.compile_artifacts=FILE`` loads a file shipped from another
   machine (same torch, GPU kind and shapes) so that fresh machines and new ranks start warm;
-* say what happens: the state of the cache before the first step, and the time it took.
+* say what happens: the state of the cache before the first step, the time it took, and how
+  many graphs came from the cache or were compiled anew (a folder full of other shapes' graphs
+  is "warm" and still compiles everything: the counts tell).
 """
 
 from __future__ import annotations
@@ -83,6 +85,15 @@ def compile_seconds() -> dict[str, float]:
     return out
 
 
+def graph_cache_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache lookups in this process so far (forward and backward graphs
+    count separately): ``from_cache`` hits, ``compiled`` misses."""
+    from torch._dynamo.utils import counters
+
+    inductor = counters["inductor"]
+    return {"from_cache": int(inductor["fxgraph_cache_hit"]), "compiled": int(inductor["fxgraph_cache_miss"])}
+
+
 class FirstStep:
     """Announces the first step's compilation and reports what it cost (see module doc)."""
 
@@ -93,6 +104,7 @@ class FirstStep:
         self.reported = False
         if not enabled:
             return
+        self.counts_before = graph_cache_counts()
         self.cache_dir = use_persistent_cache()
         self.state = cache_state(self.cache_dir)
         loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / COMPILE_ARTIFACTS)
@@ -111,8 +123,12 @@ class FirstStep:
             return {}
         self.reported = True
         spent = compile_seconds()
-        self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state})")
+        now = graph_cache_counts()
+        graphs = {k: now[k] - self.counts_before[k] for k in now}
+        self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state}; "
+                  f"graphs: {graphs['from_cache']} from the cache, {graphs['compiled']} compiled)")
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_artifacts(self.run_dir / COMPILE_ARTIFACTS)
-        return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state}
+        return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state,
+                "compile_graphs": graphs}

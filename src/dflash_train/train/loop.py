@@ -53,12 +53,25 @@ def write_run_config(trainer: Trainer) -> None:
     (trainer.run_dir / CONFIG).write_text(json.dumps(resolved, indent=1))
 
 
-def preflight(cfg: JobConfig, echo=print) -> Path | None:
+def tokenize_before_target(cfg: JobConfig) -> None:
+    """Tokenize the data set (into its cache) with the target's tokenizer alone, before the
+    target's weights are loaded: a data set with nothing usable in it fails in seconds, with
+    its skip report, not after minutes of loading; the trainer then reads the cache."""
+    from dflash_train.data import load_tokenized
+    from dflash_train.models.target import load_tokenizer
+
+    load_tokenized(cfg.data, load_tokenizer(cfg.target.path, cfg.target.gguf_file), cfg.drafter.block_size)
+
+
+def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None:
     """What can be checked before the (slow) target load: the device exists, the data paths
-    and eval prompts exist, the run folder is writable and not another run's, the checkpoint
-    to resume exists and verifies. Returns that checkpoint."""
+    and eval prompts exist (with ``tokenize``, the data tokenizes to something usable), the run
+    folder is writable and not another run's, the checkpoint to resume exists and verifies.
+    Returns that checkpoint."""
     resolve_device(cfg.train.device)
     resolve_files(cfg.data.paths)
+    if tokenize:
+        tokenize_before_target(cfg)
     if cfg.eval.prompts:
         from dflash_train.data.prompt_sets import resolve_prompts
         from dflash_train.eval.prompts import read_prompts
@@ -85,7 +98,8 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
     steps for ``train.time_budget_minutes`` (tests pass a fake one).
     """
     is_main = ranks is None or ranks.is_main
-    resume = preflight(cfg, echo if is_main else (lambda *a, **k: None))
+    # a target passed in (the distributed layer, tests) was loaded already: nothing to gain
+    resume = preflight(cfg, echo if is_main else (lambda *a, **k: None), tokenize=target is None)
     trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock, **parts)
     write_run_config(trainer)
     if resume is not None:
