@@ -17,6 +17,7 @@ from dflash_train.cli import main
 from dflash_train.export.cli import find_checkpoint, read_training_artifact
 from dflash_train.export.serving import load_drafter_folder
 from dflash_train.models.target import Target
+from dflash_train.run_folder import CHECKSUMS, file_checksums
 
 _spec = importlib.util.spec_from_file_location("_dflash_root_conftest_cli", Path(__file__).parents[1] / "conftest.py")
 _root = importlib.util.module_from_spec(_spec)
@@ -33,6 +34,7 @@ def write_checkpoint(folder: Path, seed: int, complete: bool = True, prefix: str
     save_file({prefix + k: v.contiguous() for k, v in drafter.state_dict().items()}, str(folder / "drafter.safetensors"))
     if target is not None:  # the job config the trainer saves next to the drafter
         (folder / "config.json").write_text(json.dumps({"target": {"path": target}}))
+    (folder / CHECKSUMS).write_text(json.dumps(file_checksums(folder)))  # as the trainer writes them
     if complete:
         (folder / "COMPLETE").write_text("")
     return drafter, cfg
@@ -86,6 +88,29 @@ def test_complete_checkpoint_without_weights_is_skipped(run_dir):
     assert find_checkpoint(run).name == "step-002000"
 
 
+def _flip_a_byte(path: Path) -> None:
+    """Same size, other bytes: only the checksum can tell."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_is_never_exported(run_dir):
+    """A run's newest complete checkpoint whose weights changed after the save is passed over
+    (with a warning) for the previous one; named explicitly, it is refused; a run with no
+    checkpoint that verifies is refused."""
+    run, _ = run_dir
+    newest, older = run / "checkpoints" / "step-002000", run / "checkpoints" / "step-000100"
+    _flip_a_byte(newest / "drafter.safetensors")
+    with pytest.warns(UserWarning, match="step-002000 is corrupt"):
+        assert find_checkpoint(run) == older
+    with pytest.raises(ValueError, match="is corrupt: drafter.safetensors does not match its sha256"):
+        find_checkpoint(newest)
+    _flip_a_byte(older / "drafter.safetensors")
+    with pytest.raises(ValueError, match="none of its 2 complete checkpoint"), pytest.warns(UserWarning):
+        find_checkpoint(run)
+
+
 @pytest.mark.parametrize("flag, dtype", [(None, torch.bfloat16), ("bfloat16", torch.bfloat16),
                                          ("float16", torch.float16), ("float32", torch.float32)])
 def test_cli_export_dtype(tmp_path, flag, dtype):
@@ -121,6 +146,7 @@ def test_checkpoint_prefixes_stripped_and_bad_files(tmp_path):
     drafter, _ = write_checkpoint(tmp_path / "ck", seed=3, prefix="_orig_mod.")
     _, state, _ = read_training_artifact(tmp_path / "ck")
     assert torch.equal(state["fc.weight"], drafter.fc.weight)
+    (tmp_path / "ck" / CHECKSUMS).unlink()  # a checkpoint from before checksums: the files speak for themselves
     (tmp_path / "ck" / "drafter.safetensors").write_bytes(b"\x01" * 40)
     with pytest.raises(ValueError, match=r"drafter\.safetensors: not a readable safetensors file"):
         read_training_artifact(tmp_path / "ck")

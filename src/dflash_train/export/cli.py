@@ -14,7 +14,9 @@ reads two files of a checkpoint::
                                stripped; any dtype (cast on export).
 
 Given a run folder, export picks its newest complete checkpoint (``COMPLETE`` marker
-present) that holds both files; checkpoints without them are ignored. A folder that is
+present) that holds both files and whose files match ``checksums.json``; checkpoints without
+them are ignored, a corrupt one is passed over with a warning (as ``train.resume=auto`` does).
+A checkpoint named explicitly must verify: a corrupt one is refused, never exported. A folder that is
 neither a checkpoint nor a run with one is refused with an error. Without ``--target``,
 the target is the one the job config (``config.json`` of the checkpoint, else of the run)
 names, when it still exists: it gives the tokenizer and checks the pairing.
@@ -37,6 +39,7 @@ from dflash_train.run_folder import (
     DRAFTER_WEIGHTS,
     checkpoint_folders,
     is_complete,
+    verify_checkpoint,
 )
 
 _PREFIXES = ("module.", "_orig_mod.")
@@ -56,11 +59,20 @@ def find_checkpoint(path: str | Path) -> Path:
     if _is_checkpoint(path):
         if not is_complete(path):
             warnings.warn(f"checkpoint {path} has no {COMPLETE} marker; it may be partially written", stacklevel=2)
+        problem = verify_checkpoint(path)
+        if problem is not None:
+            raise ValueError(f"checkpoint {path} is corrupt: {problem}; export an older checkpoint, or the run "
+                             f"folder (its newest checkpoint that verifies)")
         return path
     folders = checkpoint_folders(path)
     usable = [f for f in folders if is_complete(f) and _is_checkpoint(f)]
+    for folder in reversed(usable):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            return folder
+        warnings.warn(f"checkpoint {folder} is corrupt ({problem}); trying the previous one", stacklevel=2)
     if usable:
-        return usable[-1]
+        raise ValueError(f"{path}: none of its {len(usable)} complete checkpoint(s) verifies against its checksums")
     detail = (f"; {len(folders)} checkpoint(s) under {folders[0].parent} lack {COMPLETE} or "
               f"{DRAFTER_CONFIG}/{DRAFTER_WEIGHTS}") if folders else ""
     raise ValueError(

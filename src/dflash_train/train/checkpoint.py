@@ -30,13 +30,11 @@ step, and never the one ``summary.json`` names.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -57,8 +55,10 @@ from dflash_train.run_folder import (
     checkpoint_dir,
     checkpoint_step,
     complete_checkpoints,
+    file_checksums,
     is_complete,
     latest_checkpoint,
+    verify_checkpoint,
 )
 
 # Single-process saving/loading is intended here; DCP would warn on every call that it
@@ -202,49 +202,6 @@ def _written(trainer) -> set[str]:
     if not hasattr(trainer, "checkpoints_written"):
         trainer.checkpoints_written = set()
     return trainer.checkpoints_written
-
-
-# -- integrity -------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def file_checksums(folder: Path) -> dict[str, dict]:
-    """``{relative path: {"sha256", "bytes"}}`` of every file under ``folder`` (except the
-    checksum file and the COMPLETE marker). hashlib releases the GIL on large buffers, so a
-    few threads hash the shards in parallel: the cost of a save stays about one read of it."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE))
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
-        digests = list(pool.map(_sha256, files))
-    return {str(p.relative_to(folder)): {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(files, digests)}
-
-
-def verify_checkpoint(path: Path) -> str | None:
-    """None when every file matches its recorded checksum, else what is wrong (one line).
-    A checkpoint from before checksums existed (no ``checksums.json``) passes unverified."""
-    path = Path(path)
-    if not (path / CHECKSUMS).exists():
-        return None
-    try:
-        expected = json.loads((path / CHECKSUMS).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return f"{CHECKSUMS} is unreadable ({err})"
-    for name, want in sorted(expected.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        size = file.stat().st_size
-        if size != want["bytes"]:
-            return f"{name} has {size} bytes, {want['bytes']} were written"
-    actual = file_checksums(path)
-    for name, want in sorted(expected.items()):
-        if actual[name]["sha256"] != want["sha256"]:
-            return f"{name} does not match its sha256 checksum (its bytes changed after the save)"
-    return None
 
 
 def _write_json(path: Path, data) -> None:

@@ -70,8 +70,6 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     Returns that checkpoint."""
     resolve_device(cfg.train.device)
     resolve_files(cfg.data.paths)
-    if tokenize:
-        tokenize_before_target(cfg)
     if cfg.eval.prompts:
         from dflash_train.data.prompt_sets import resolve_prompts
         from dflash_train.eval.prompts import read_prompts
@@ -86,7 +84,10 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     except OSError as err:
         raise ValueError(f"train.run_dir {run_dir}: cannot write there ({err.strerror})") from None
     check_run_folder(run_dir, cfg.train.resume)
-    return resolve_resume(cfg.train.resume, run_dir, echo)
+    resume = resolve_resume(cfg.train.resume, run_dir, echo)
+    if tokenize:  # the slowest check, last
+        tokenize_before_target(cfg)
+    return resume
 
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
