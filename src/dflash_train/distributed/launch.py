@@ -47,11 +47,13 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
         cfg.train.device = str(env.device)
     try:
         topo = Topology.build(env.world, target_ranks, drafter_ranks)
-        if target is None and env.rank == 0:  # bad data fails before any rank's target load ends
-            tokenize_before_target(cfg)
         if env.distributed:
             role = "colocated" if not topo.disaggregated else ("drafter" if topo.is_drafter(env.rank) else "target")
             watchdog.start(env.rank, role)
+        if target is None and env.rank == 0:  # bad data fails before any rank's target load ends
+            watchdog.beat("tokenizing the data set before loading the target")
+            tokenize_before_target(cfg)
+        if env.distributed:
             watchdog.beat("creating process groups")
         groups = build_groups(topo.drafters() if topo.disaggregated else list(range(env.world)), env.world, env.rank)
         if not env.distributed:
