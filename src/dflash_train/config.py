@@ -78,7 +78,13 @@ class TrainConfig:
     gamma: float | None = None  # loss decay; None -> paper value for the block size
     device: str = "auto"
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
-    compile: bool = True  # torch.compile the drafter layers (CUDA only)
+    compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
+    # The drafter layers' inductor mode: "default", or "reduce-overhead" (CUDA graphs of each layer's
+    # forward and backward: no per-kernel launch cost on the host; train/parallelize.py)
+    compile_mode: str = "default"
+    # CUDA only: replay the frozen target's forward over packed rows as a CUDA graph (its eager forward
+    # is host-bound for a small target; train/cuda_graphs.py). A capture failure falls back to eager.
+    cuda_graphs: bool = True
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     loss_chunk_size: int = 4096
@@ -126,6 +132,8 @@ class TrainConfig:
             raise ValueError(f"train.time_budget_minutes must be >= 0 (0: no budget), got {self.time_budget_minutes}")
         if self.anchors not in ("random", "uniform"):
             raise ValueError(f"train.anchors must be 'random' or 'uniform', got {self.anchors!r}")
+        if self.compile_mode not in ("default", "reduce-overhead"):
+            raise ValueError(f"train.compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
         if self.attention not in ("auto", "sdpa", "flex"):
             raise ValueError(f"train.attention must be auto/sdpa/flex, got {self.attention!r}")
         if self.gamma is not None and self.gamma <= 0:

@@ -34,12 +34,14 @@ def random_case(seed=0):
     return h, head, labels, weights, valid, target_hidden
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
-def test_chunked_soft_loss_and_gradient_equal_full_logits_reference(distill):
+def test_chunked_soft_loss_and_gradient_equal_full_logits_reference(distill, compiled):
     h, head, labels, weights, valid, target_hidden = random_case()
     rows, num_blocks, block = labels.shape
     h = h.requires_grad_()
-    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7, target_hidden=target_hidden, distill=distill)
+    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7, target_hidden=target_hidden, distill=distill,
+                      compiled=compiled)
     loss = out.weighted_ce / out.weight_sum
     (grad,) = torch.autograd.grad(loss, h)
     h_ref = h.detach().clone().requires_grad_()

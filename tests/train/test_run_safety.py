@@ -173,6 +173,9 @@ def test_bad_steps_are_skipped_up_to_max_bad_steps(tmp_path, monkeypatch):
     ("train.tensorboard=maybe", "train.tensorboard"),
     ("train.device=gpu", "train.device"),
     ("train.max_bad_steps=-1", "train.max_bad_steps"),
+    ("train.compile_mode=max-autotune", "train.compile_mode"),
+    ("train.cuda_graphs=maybe", "train.cuda_graphs"),
+    ("data.prefetch_steps=-1", "data.prefetch_steps"),
 ])
 def test_bad_config_values_name_the_key(override, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

@@ -311,7 +311,7 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     scheduler = build_scheduler(optimizer, optim_cfg, total_steps)
     opts = ObjectiveOptions(block_size=cfg.block_size, mask_token_id=dcfg.mask_token_id,
                             gamma=default_gamma(cfg.block_size), attention=cfg.attention,
-                            loss_chunk_size=cfg.loss_chunk_size)
+                            loss_chunk_size=cfg.loss_chunk_size, compiled_loss=bool(cfg.compile))
     ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
     step = TrainStep(model, drafter, target, optimizer, scheduler, opts,
                      Anchors("random", cfg.num_anchors, cfg.seed, cfg.block_size), optim_cfg.grad_clip,

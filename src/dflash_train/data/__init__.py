@@ -52,6 +52,9 @@ class DataConfig:
     # Cut answers that end in a repetition loop down to two periods of the loop (data/loops.py):
     # trivially predictable tokens that inflate the training accuracy and cost compute.
     trim_loops: bool = False
+    # Steps a background thread collates and prepares (anchors, feature-cache indices) ahead of
+    # the trainer (data/prefetch.py); 0: on the training thread. Training is the same either way.
+    prefetch_steps: int = 2
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -75,6 +78,9 @@ class DataConfig:
         nw = self.num_workers
         if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 0):
             raise ValueError(f"data.num_workers: expected a non-negative integer or null, got {nw!r}")
+        ps = self.prefetch_steps
+        if not isinstance(ps, int) or isinstance(ps, bool) or ps < 0:
+            raise ValueError(f"data.prefetch_steps: expected a non-negative integer, got {ps!r}")
         padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
         if self.token_budget < padded:
             raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "

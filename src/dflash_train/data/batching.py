@@ -25,7 +25,7 @@ keep conversations apart.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -43,12 +43,18 @@ class MicroBatch:
     # Packed micro-batches only: [rows, seq] the sample id of each token's conversation,
     # -1 on padding. None: one conversation per row.
     doc_ids: torch.LongTensor | None = None
+    # Host-side results computed ahead of the step (data/prefetch.py): "anchors" (anchors, keep),
+    # "cache_layout" (the feature cache's indices), "num_samples". Pure functions of the fields above.
+    host: dict = field(default_factory=dict, repr=False, compare=False)
 
     def num_samples(self) -> int:
         """Conversations in this micro-batch (a packed row holds several)."""
-        if self.doc_ids is None:
-            return int((self.sample_ids >= 0).sum())
-        return sum(int(row[row >= 0].unique().numel()) for row in self.doc_ids)
+        if "num_samples" not in self.host:
+            if self.doc_ids is None:
+                self.host["num_samples"] = int((self.sample_ids >= 0).sum())
+            else:
+                self.host["num_samples"] = sum(int(row[row >= 0].unique().numel()) for row in self.doc_ids)
+        return self.host["num_samples"]
 
 
 def _round_up(n: int, m: int) -> int:

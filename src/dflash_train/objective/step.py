@@ -24,6 +24,7 @@ class ObjectiveOptions:
     attention: str = "sdpa"  # "sdpa" (dense mask) or "flex" (block-sparse, GPU)
     loss_chunk_size: int = 4096
     distill: float = 0.0  # > 0: soft targets from the target's own next-token distribution (train.distill)
+    compiled_loss: bool = False  # the loss chunks through torch.compile (the trainer's choice on CUDA)
 
 
 def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions, doc_ids=None) -> Blocks:
@@ -63,4 +64,4 @@ def drafter_loss(
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     soft = predicting_states(blocks, target_hidden) if opts.distill > 0 else None
     return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, soft,
-                       opts.distill)
+                       opts.distill, opts.compiled_loss)

@@ -22,21 +22,36 @@ from __future__ import annotations
 import torch
 
 from dflash_train.models.attention import document_layout
+from dflash_train.train.cuda_graphs import GraphedCall
 
 
 class LocalFeatures:
-    def __init__(self, trainer):
+    """The local target's features. Packed micro-batches (one shape per run) replay its forward
+    as a CUDA graph on CUDA (``train.cuda_graphs``; ``train/cuda_graphs.py`` says why);
+    ``capture`` replaces the CUDA capture (tests)."""
+
+    def __init__(self, trainer, capture=None):
         self.batches = trainer.batches
         self.target = trainer.target
         self.layer_ids = trainer.drafter_cfg.target_layer_ids
         self.final_hidden = trainer.opts.distill > 0
+        self.graphed = None
+        if capture is not None or (trainer.cfg.train.cuda_graphs and trainer.device.type == "cuda"):
+            self.graphed = GraphedCall(self._packed, "target forward", capture=capture)
 
     def next_step(self):
         return self.batches.next_step()
 
+    def _packed(self, input_ids, doc_ids):
+        return self.target.features(input_ids, None, self.layer_ids, doc_ids, final_hidden=self.final_hidden)
+
     def features(self, micro_batch, input_ids, attention_mask):
-        doc_ids = None if micro_batch.doc_ids is None else micro_batch.doc_ids.to(input_ids.device)
-        return self.target.features(input_ids, attention_mask, self.layer_ids, doc_ids, final_hidden=self.final_hidden)
+        if micro_batch.doc_ids is None:
+            return self.target.features(input_ids, attention_mask, self.layer_ids, final_hidden=self.final_hidden)
+        doc_ids = micro_batch.doc_ids.to(input_ids.device, non_blocking=True)
+        if self.graphed is not None:
+            return self.graphed(input_ids, doc_ids)
+        return self._packed(input_ids, doc_ids)
 
     def finish(self) -> None:
         pass
@@ -138,9 +153,15 @@ class SampleFeatureCache:
         """Steps served from the cache (no target forward) and steps that ran the target."""
         return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
 
-    def _layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(sample ids present, flat slots of real tokens in the micro-batch, their rows in
-        the store), all on the host."""
+        the store), all on the host; computed once per micro-batch (a prefetching iterator
+        computes it ahead, into ``micro_batch.host``)."""
+        if "cache_layout" not in micro_batch.host:
+            micro_batch.host["cache_layout"] = self._layout(micro_batch)
+        return micro_batch.host["cache_layout"]
+
+    def _layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         docs = micro_batch.doc_ids
         if docs is None:  # one conversation per row, right-padded
             docs = torch.where(micro_batch.attention_mask.bool(), micro_batch.sample_ids[:, None], -1)
@@ -151,7 +172,7 @@ class SampleFeatureCache:
         return docs[real].unique(), slots, rows
 
     def features(self, micro_batch, input_ids, attention_mask):
-        samples, slots, rows = self._layout(micro_batch)
+        samples, slots, rows = self.layout(micro_batch)
         device, width = input_ids.device, self.store.shape[1]
         slots = slots.to(device, non_blocking=True)
         rows = rows.to(self.store.device, non_blocking=True)

@@ -42,10 +42,19 @@ def _block_embeds_require_grad(_module, args):
     return None
 
 
-def apply_compile(drafter: nn.Module) -> None:
+def apply_compile(drafter: nn.Module, mode: str = "default") -> None:
+    """``mode="reduce-overhead"``: Inductor also records each layer's compiled forward and backward
+    as CUDA graphs (one per layer; parameters are static inputs) and replays them, so the host no
+    longer launches each kernel: for a small drafter the host, not the GPU, bounds the step. The
+    step must then call ``torch.compiler.cudagraph_mark_step_begin()`` first (``step_begin``)."""
     drafter.register_forward_pre_hook(_block_embeds_require_grad)
-    for layer in drafter.layers:
-        layer.compile(dynamic=False)  # in place: parameter names (checkpoints, export) stay unchanged
+    for layer in drafter.layers:  # in place: parameter names (checkpoints, export) stay unchanged
+        layer.compile(dynamic=False, mode=None if mode == "default" else mode)
+
+
+def step_begin(compile_mode: str):
+    """What a training step calls first: a new CUDA-graph generation under reduce-overhead."""
+    return torch.compiler.cudagraph_mark_step_begin if compile_mode == "reduce-overhead" else (lambda: None)
 
 
 @dataclass
@@ -129,14 +138,14 @@ def _fsdp_no_sync(model):
 
 
 def parallelize_drafter(drafter: nn.Module, activation_checkpointing: bool, compile: bool,
-                        data_parallel: DataParallel | None = None) -> nn.Module:
+                        data_parallel: DataParallel | None = None, compile_mode: str = "default") -> nn.Module:
     """Checkpoint-wrap, compile, then replicate or shard; returns the module a step calls
     (DDP's wrapper, or the drafter itself). Call it before the optimizer exists: FSDP2
     replaces the parameters by sharded ones, which the optimizer must hold."""
     if activation_checkpointing:
         apply_activation_checkpointing(drafter)
     if compile:
-        apply_compile(drafter)
+        apply_compile(drafter, compile_mode)
     if data_parallel is None:
         return drafter
     if data_parallel.fsdp:

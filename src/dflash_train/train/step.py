@@ -29,6 +29,10 @@ def _no_mark(_phase: str) -> None:
     pass
 
 
+def _no_begin() -> None:
+    pass
+
+
 @dataclass
 class Anchors:
     """How a micro-batch's anchors are drawn: ``random`` (fresh per sample and epoch, the
@@ -40,6 +44,13 @@ class Anchors:
     block_size: int
 
     def __call__(self, mb: MicroBatch):
+        """``(anchors, keep)``; drawn once per micro-batch (a prefetching iterator draws them ahead,
+        into ``mb.host``)."""
+        if "anchors" not in mb.host:
+            mb.host["anchors"] = self.draw(mb)
+        return mb.host["anchors"]
+
+    def draw(self, mb: MicroBatch):
         if self.mode == "uniform":
             return uniform_anchors(mb.loss_mask, self.num_anchors, self.block_size, mb.doc_ids)
         return sample_batch_anchors(mb.loss_mask, mb.sample_ids, self.num_anchors, self.seed, mb.epoch, mb.doc_ids)
@@ -55,11 +66,12 @@ class StepResult:
 
 class TrainStep:
     def __init__(self, model, drafter, target, optimizer, scheduler, opts: ObjectiveOptions, anchors: Anchors,
-                 grad_clip: float, device: torch.device, dtype: torch.dtype, ranks):
+                 grad_clip: float, device: torch.device, dtype: torch.dtype, ranks, begin=_no_begin):
         self.model, self.drafter, self.target = model, drafter, target
         self.optimizer, self.scheduler = optimizer, scheduler
         self.opts, self.anchors, self.grad_clip = opts, anchors, grad_clip
         self.device, self.dtype, self.ranks = device, dtype, ranks
+        self.begin = begin  # called first in every step (a new CUDA-graph generation under reduce-overhead)
         self.bad = torch.zeros(4, device=device)  # non-finite steps: count, first step, its loss, norm
         self.last_ok: torch.Tensor | None = None
 
@@ -82,6 +94,7 @@ class TrainStep:
         """Forward + backward of every micro-batch, then one optimizer step. ``features(mb,
         input_ids, attention_mask)`` gives a micro-batch's target features (and, with distillation,
         the target's final hidden states: a pair)."""
+        self.begin()
         prepared = [self.prepare(mb) for mb in micro_batches]
         total_weight = self.global_weight(prepared)
         mark("prepare")

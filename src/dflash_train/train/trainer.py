@@ -14,6 +14,7 @@ import torch
 
 from dflash_train.config import JobConfig
 from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
+from dflash_train.data.prefetch import PrefetchedBatches
 from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
@@ -24,7 +25,7 @@ from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import build_optimizer, build_scheduler
-from dflash_train.train.parallelize import DataParallel, parallelize_drafter
+from dflash_train.train.parallelize import DataParallel, parallelize_drafter, step_begin
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import Anchors, StepResult, TrainStep
 from dflash_train.train.timings import TimedLogger, Timings
@@ -99,11 +100,11 @@ class Trainer:
         elif cfg.train.drafter_init == "target":  # before DDP/FSDP and the optimizer; a resume loads over it
             ids = init_from_target(self.drafter, self.target)
             self.echo(f"drafter layers start as target layers {ids} and its final norm (train.drafter_init=target)")
-        self.opts = self._objective_options()
         self.compiled = cfg.train.compile and self.device.type == "cuda"
+        self.opts = self._objective_options()
         # what a step calls: the drafter, or its DDP wrapper
         self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
-                                         data_parallel)
+                                         data_parallel, cfg.train.compile_mode)
         self._build_data()
         self.source = self._feature_source(features)
         self.timings = timings
@@ -115,7 +116,8 @@ class Trainer:
         t = cfg.train
         self.step = TrainStep(self.model, self.drafter, self.target, self.optimizer, self.scheduler, self.opts,
                               Anchors(t.anchors, t.num_anchors, t.seed, self.opts.block_size), cfg.optim.grad_clip,
-                              self.device, self.dtype, self.ranks)
+                              self.device, self.dtype, self.ranks,
+                              step_begin(cfg.train.compile_mode if self.compiled else "default"))
         self.stop_requested = False  # agreed by every rank after a step: the loop ends
         self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
@@ -176,6 +178,7 @@ class Trainer:
             attention=attention,
             loss_chunk_size=t.loss_chunk_size,
             distill=t.distill,
+            compiled_loss=self.compiled,
         )
 
     def _build_data(self) -> None:
@@ -189,11 +192,22 @@ class Trainer:
             self.dataset, self.plan, pad_id=pad_id, rank=self.ranks.rank, world_size=self.ranks.world,
             micro_batches_per_step=cfg.train.grad_accum,
         )
+        if cfg.data.prefetch_steps > 0:
+            self.batches = PrefetchedBatches(self.batches, self._prepare_host, cfg.data.prefetch_steps,
+                                             pin_memory=self.device.type == "cuda")
         per_step = cfg.train.grad_accum * self.ranks.world
         self.steps_per_epoch = max(1, len(self.plan.epoch_micro_batches(0)) // per_step)
         self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.steps_per_epoch))
         self.echo(f"data: {len(self.dataset)} sequences, {self.steps_per_epoch} steps/epoch, "
                   f"{self.total_steps} steps, padding waste {self.plan.padding_waste():.1%}")
+
+    def _prepare_host(self, micro_batch: MicroBatch) -> None:
+        """The host work of a micro-batch, done ahead by the prefetching thread: its anchors, the
+        feature cache's indices, its conversation count (all kept in ``micro_batch.host``)."""
+        self.step.anchors(micro_batch)
+        if isinstance(self.source, SampleFeatureCache):
+            self.source.layout(micro_batch)
+        micro_batch.num_samples()
 
     # -- one step --------------------------------------------------------------------------
     def train_step(self, micro_batches: list[MicroBatch]) -> StepResult:
@@ -286,6 +300,8 @@ class Trainer:
                 if on_step_end is not None:
                     on_step_end(self)
         self.source.finish()
+        if isinstance(self.batches, PrefetchedBatches):
+            self.batches.close()
         if bar is not None:
             bar.close()
         out = {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
