@@ -77,7 +77,7 @@ def test_local_features_replayed_equal_the_eager_target(distill):
     target = Target(tiny_qwen3())
     trainer = SimpleNamespace(batches=None, target=target, drafter_cfg=SimpleNamespace(target_layer_ids=[0, 3]),
                               opts=SimpleNamespace(distill=distill), cfg=SimpleNamespace(train=SimpleNamespace(
-                                  cuda_graphs=True)), device=torch.device("cpu"))
+                                  cuda_graphs=True, fsdp_target=False)), device=torch.device("cpu"))
     graphed = LocalFeatures(trainer, capture=fake_capture)
     eager = LocalFeatures(trainer)
     assert eager.graphed is None and graphed.graphed is not None  # no capture on the CPU by default
@@ -90,3 +90,14 @@ def test_local_features_replayed_equal_the_eager_target(distill):
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
     assert graphed.graphed.replays == 2
+
+
+@pytest.mark.parametrize("fsdp_target, graphed", [(False, True), (True, False)])
+def test_cuda_graphs_are_off_for_a_target_sharded_with_fsdp(fsdp_target, graphed):
+    """FSDP2 gathers the target's parameters into storage that changes between calls: a replayed
+    graph would read stale memory, so a sharded target runs eagerly."""
+    train = SimpleNamespace(cuda_graphs=True, fsdp_target=fsdp_target)
+    trainer = SimpleNamespace(batches=None, target=None, drafter_cfg=SimpleNamespace(target_layer_ids=[0]),
+                              opts=SimpleNamespace(distill=0.0), cfg=SimpleNamespace(train=train),
+                              device=torch.device("cuda"))
+    assert (LocalFeatures(trainer).graphed is not None) == graphed

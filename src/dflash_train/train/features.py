@@ -27,8 +27,10 @@ from dflash_train.train.cuda_graphs import GraphedCall
 
 class LocalFeatures:
     """The local target's features. Packed micro-batches (one shape per run) replay its forward
-    as a CUDA graph on CUDA (``train.cuda_graphs``; ``train/cuda_graphs.py`` says why);
-    ``capture`` replaces the CUDA capture (tests)."""
+    as a CUDA graph on CUDA (``train.cuda_graphs``; ``train/cuda_graphs.py`` says why), except
+    for a target sharded with FSDP2 (``train.fsdp_target``), whose forward gathers parameters into
+    storage that changes between calls: a replay would read stale memory. ``capture`` replaces
+    the CUDA capture (tests)."""
 
     def __init__(self, trainer, capture=None):
         self.batches = trainer.batches
@@ -36,7 +38,8 @@ class LocalFeatures:
         self.layer_ids = trainer.drafter_cfg.target_layer_ids
         self.final_hidden = trainer.opts.distill > 0
         self.graphed = None
-        if capture is not None or (trainer.cfg.train.cuda_graphs and trainer.device.type == "cuda"):
+        train = trainer.cfg.train
+        if capture is not None or (train.cuda_graphs and trainer.device.type == "cuda" and not train.fsdp_target):
             self.graphed = GraphedCall(self._packed, "target forward", capture=capture)
 
     def next_step(self):

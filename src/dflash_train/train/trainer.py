@@ -274,34 +274,27 @@ class Trainer:
         bar = self._progress_bar()
         history = []
         first_step = True  # compilation / warm-up: not charged to the time budget
-        with StopOnSignals(self._on_signal):
-            while self.counters.step < self.total_steps and not self.stop_requested and not self.budget_spent():
-                started = self.clock()
-                micro_batches = self.source.next_step()
-                result = self.train_step(micro_batches)
-                loss, stats, grad_norm = result.loss, result.stats, result.grad_norm
-                tokens = self._count(micro_batches)
-                self.advance_clock(0.0 if first_step else self.clock() - started)
-                first_step = False
-                window.add_step(loss, stats, tokens, good=self.step.last_ok)
-                if bar is not None:
-                    bar.update(1)
-                last = self.counters.step == self.total_steps or self.stop_requested
-                if self.counters.step % self.cfg.train.log_every == 0 or last:
-                    record = {**window.summary(), "lr": self.scheduler.get_last_lr()[0],
-                              "grad_norm": float(grad_norm), "epoch": micro_batches[0].epoch}
-                    record["tokens_per_s"] *= self.ranks.world
-                    self.check_bad_steps()  # the host has just synced for the record
-                    if self.counters.bad_steps:
-                        record["bad_steps"] = self.counters.bad_steps
-                    history.append({"step": self.counters.step, **record})
-                    logger.log(self.counters.step, record, echo=bar.write if bar is not None else self.echo)
-                    window.reset()
-                if on_step_end is not None:
-                    on_step_end(self)
+        try:  # the prefetching thread stops however the loop ends (a non-finite loss, a signal)
+            with StopOnSignals(self._on_signal):
+                while self.counters.step < self.total_steps and not self.stop_requested and not self.budget_spent():
+                    started = self.clock()
+                    micro_batches = self.source.next_step()
+                    result = self.train_step(micro_batches)
+                    loss, stats, grad_norm = result.loss, result.stats, result.grad_norm
+                    tokens = self._count(micro_batches)
+                    self.advance_clock(0.0 if first_step else self.clock() - started)
+                    first_step = False
+                    window.add_step(loss, stats, tokens, good=self.step.last_ok)
+                    if bar is not None:
+                        bar.update(1)
+                    if self.counters.step % self.cfg.train.log_every == 0 or self._last_step():
+                        history.append(self._log_window(window, logger, bar, grad_norm, micro_batches[0].epoch))
+                    if on_step_end is not None:
+                        on_step_end(self)
+        finally:
+            if isinstance(self.batches, PrefetchedBatches):
+                self.batches.close()
         self.source.finish()
-        if isinstance(self.batches, PrefetchedBatches):
-            self.batches.close()
         if bar is not None:
             bar.close()
         out = {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
@@ -310,6 +303,21 @@ class Trainer:
             self.echo(f"feature cache: {out['feature_cache']['hits']} steps from the cache, "
                       f"{out['feature_cache']['misses']} ran the target")
         return out
+
+    def _last_step(self) -> bool:
+        return self.counters.step == self.total_steps or self.stop_requested
+
+    def _log_window(self, window: MetricWindow, logger, bar, grad_norm, epoch: int) -> dict:
+        """Close the logging window: one host sync, the record written and echoed, the window reset."""
+        record = {**window.summary(), "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                  "epoch": epoch}
+        record["tokens_per_s"] *= self.ranks.world
+        self.check_bad_steps()  # the host has just synced for the record
+        if self.counters.bad_steps:
+            record["bad_steps"] = self.counters.bad_steps
+        logger.log(self.counters.step, record, echo=bar.write if bar is not None else self.echo)
+        window.reset()
+        return {"step": self.counters.step, **record}
 
     def open_logger(self) -> MetricLogger:
         if self.logger is None:
