@@ -41,7 +41,7 @@ def register(sub) -> None:
                    help="steps of the separate synchronized pass that times each phase (default min(steps, 3))")
     p.add_argument("--attention", choices=["flex", "sdpa", "auto"], default="auto")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the drafter layers (default: on CUDA only)")
+                   help="torch.compile the drafter layers and the loss chunks (default: on CUDA only)")
     p.add_argument("--loss-chunk-size", type=int, default=4096)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="target weights and autocast dtype (auto: bf16 on CUDA)")

@@ -49,19 +49,22 @@ class PrefetchedBatches:
                     setattr(micro_batch, name, value.pin_memory())
         return micro_batch
 
+    def _put(self, item) -> None:
+        """Into the queue, unless ``close`` is called meanwhile (then nobody will take it)."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
     def _produce(self) -> None:
         try:
             while not self.stop.is_set():
                 step = [self._host_ready(mb) for mb in self.batches.next_step()]
-                item = (step, self.batches.state_dict())
-                while not self.stop.is_set():
-                    try:
-                        self.queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self._put((step, self.batches.state_dict()))
         except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
-            self.queue.put(err)
+            self._put(err)
 
     def _start(self) -> None:
         self.consumed_state = self.batches.state_dict()

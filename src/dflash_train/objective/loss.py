@@ -23,6 +23,7 @@ the two lm_head products.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -75,9 +76,6 @@ def _chunk_forward_soft(hidden, lm_head, labels, weights, want_grad: bool, targe
     return (ce * weights).sum(), argmax, grad
 
 
-_COMPILED: dict = {}
-
-
 class _CompiledOrEager:
     """``fn`` through ``torch.compile`` (static shapes: a step's chunks have at most two sizes);
     if compiling fails, one warning and the eager ``fn`` from then on: the fusion is a speed-up,
@@ -97,11 +95,10 @@ class _CompiledOrEager:
         return self.eager(*args)
 
 
+@functools.cache
 def _compiled(fn):
     """The compiled version of ``fn``, built once per process."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = _CompiledOrEager(fn)
-    return _COMPILED[fn]
+    return _CompiledOrEager(fn)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -117,15 +114,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         want_grad = hidden.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         argmaxes, grads = [], []
-        hard = _compiled(_chunk_forward) if compiled else _chunk_forward
-        soft = _compiled(_chunk_forward_soft) if compiled else _chunk_forward_soft
+        chunk_fn = _chunk_forward if target_hidden is None else _chunk_forward_soft
+        chunk_fn = _compiled(chunk_fn) if compiled else chunk_fn
         for start in range(0, hidden.shape[0], chunk_size):
             part = slice(start, start + chunk_size)
-            if target_hidden is None:
-                loss, argmax, grad = hard(hidden[part], lm_head, labels[part], weights[part], want_grad)
-            else:
-                loss, argmax, grad = soft(hidden[part], lm_head, labels[part], weights[part], want_grad,
-                                          target_hidden[part], distill)
+            soft = () if target_hidden is None else (target_hidden[part], distill)
+            loss, argmax, grad = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *soft)
             total = total + loss
             argmaxes.append(argmax)
             grads.append(grad)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 
 def _clone(outputs):
     if isinstance(outputs, tuple):
@@ -59,6 +61,8 @@ class GraphedCall:
             try:
                 entry = self._record(key, args)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()  # let a broken capture's work drain before running eagerly
                 self.enabled = False
                 self.graphs.clear()
                 warnings.warn(f"{self.name}: CUDA graph capture failed ({type(err).__name__}: "

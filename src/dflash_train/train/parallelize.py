@@ -53,8 +53,8 @@ def apply_compile(drafter: nn.Module, mode: str = "default") -> None:
 
 
 def step_begin(compile_mode: str):
-    """What a training step calls first: a new CUDA-graph generation under reduce-overhead."""
-    return torch.compiler.cudagraph_mark_step_begin if compile_mode == "reduce-overhead" else (lambda: None)
+    """What a training step must call first, or None: a new CUDA-graph generation under reduce-overhead."""
+    return torch.compiler.cudagraph_mark_step_begin if compile_mode == "reduce-overhead" else None
 
 
 @dataclass

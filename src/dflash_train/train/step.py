@@ -29,10 +29,6 @@ def _no_mark(_phase: str) -> None:
     pass
 
 
-def _no_begin() -> None:
-    pass
-
-
 @dataclass
 class Anchors:
     """How a micro-batch's anchors are drawn: ``random`` (fresh per sample and epoch, the
@@ -66,12 +62,12 @@ class StepResult:
 
 class TrainStep:
     def __init__(self, model, drafter, target, optimizer, scheduler, opts: ObjectiveOptions, anchors: Anchors,
-                 grad_clip: float, device: torch.device, dtype: torch.dtype, ranks, begin=_no_begin):
+                 grad_clip: float, device: torch.device, dtype: torch.dtype, ranks, begin=None):
         self.model, self.drafter, self.target = model, drafter, target
         self.optimizer, self.scheduler = optimizer, scheduler
         self.opts, self.anchors, self.grad_clip = opts, anchors, grad_clip
         self.device, self.dtype, self.ranks = device, dtype, ranks
-        self.begin = begin  # called first in every step (a new CUDA-graph generation under reduce-overhead)
+        self.begin = begin  # if given, called first in every step (a new CUDA-graph generation, reduce-overhead)
         self.bad = torch.zeros(4, device=device)  # non-finite steps: count, first step, its loss, norm
         self.last_ok: torch.Tensor | None = None
 
@@ -94,7 +90,8 @@ class TrainStep:
         """Forward + backward of every micro-batch, then one optimizer step. ``features(mb,
         input_ids, attention_mask)`` gives a micro-batch's target features (and, with distillation,
         the target's final hidden states: a pair)."""
-        self.begin()
+        if self.begin is not None:
+            self.begin()
         prepared = [self.prepare(mb) for mb in micro_batches]
         total_weight = self.global_weight(prepared)
         mark("prepare")
