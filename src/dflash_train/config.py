@@ -85,6 +85,10 @@ class TrainConfig:
     # CUDA only: replay the frozen target's forward over packed rows as a CUDA graph (its eager forward
     # is host-bound for a small target; train/cuda_graphs.py). A capture failure falls back to eager.
     cuda_graphs: bool = True
+    # CUDA only: replay the drafter's whole step (forward, loss, backward, clipping, fused AdamW) as one
+    # CUDA graph after two eager steps (train/cuda_graphs.GraphedStep). One process, one micro-batch
+    # per step, no distillation; other set-ups, a capture failure or another batch shape run eagerly.
+    cuda_graph_step: bool = True
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     loss_chunk_size: int = 4096

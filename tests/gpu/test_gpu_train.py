@@ -154,3 +154,38 @@ def test_compiled_loss_equals_eager_on_cuda():
     torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-3, atol=1e-2)
     assert (out[True][1] == out[False][1]).float().mean() > 0.99  # bf16 near-ties may flip
     torch.testing.assert_close(out[True][2].float(), out[False][2].float(), rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
+                    reason="the chat test target takes assets/smollm2's tokenizer")
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack):
+    """The trainer's whole step replayed as one CUDA graph (real capture: compiled drafter layers,
+    flex_attention, the compiled loss, bf16 autocast, fused AdamW with the LR in a device tensor)
+    trains as the eager step does: the same per-step losses and weights after 14 steps, with the LR
+    schedule moving every step. Packed rows replay every step after the warm-up."""
+    from dflash_train.config import config_from_dict
+    from dflash_train.testing import tiny_chat_job, tiny_chat_target
+    from dflash_train.train.trainer import Trainer
+
+    out = {}
+    for graphed in (False, True):
+        job = tiny_chat_job(tmp_path / str(graphed), max_steps=14, device="cuda", num_anchors=16,
+                            cuda_graph_step=graphed, log_every=1)
+        job["data"]["pack"] = pack
+        job["target"]["dtype"] = "bfloat16"
+        target = tiny_chat_target(REPO / "assets" / "smollm2")
+        target.model.to("cuda", dtype=torch.bfloat16)
+        torch.manual_seed(0)
+        trainer = Trainer(config_from_dict(job), target=target, echo=lambda *a: None)
+        assert (trainer.step.graph is not None) == graphed
+        trainer.run()
+        rows = [json.loads(line) for line in (tmp_path / str(graphed) / "run" / "metrics.jsonl").read_text().splitlines()]
+        out[graphed] = ([r["loss"] for r in rows if "loss" in r], [r["lr"] for r in rows if "lr" in r],
+                        {k: v.float().clone() for k, v in trainer.drafter.state_dict().items()}, trainer.step.graph)
+    (eager_loss, eager_lr, eager_w, _), (loss, lr, weights, graph) = out[False], out[True]
+    assert graph.enabled and graph.replays >= (12 if pack else 1), graph.replays
+    assert len(set(lr)) > 5 and lr == eager_lr
+    torch.testing.assert_close(torch.tensor(loss), torch.tensor(eager_loss), rtol=2e-3, atol=2e-3)
+    for name, value in eager_w.items():
+        torch.testing.assert_close(weights[name], value, rtol=1e-2, atol=2e-3)

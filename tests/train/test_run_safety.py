@@ -141,15 +141,15 @@ def test_bad_steps_are_skipped_up_to_max_bad_steps(tmp_path, monkeypatch):
     seen = {}
     from dflash_train.train.step import TrainStep
 
-    original_step = TrainStep._optimizer_step
+    original_update = TrainStep._update
 
     def watched(self, step_loss, step_number):
         before = [p.detach().clone() for p in self.drafter.parameters()]
-        out = original_step(self, step_loss, step_number)
-        seen[step_number] = all(torch.equal(a, p) for a, p in zip(before, self.drafter.parameters()))
+        out = original_update(self, step_loss, step_number)
+        seen[int(step_number)] = all(torch.equal(a, p) for a, p in zip(before, self.drafter.parameters()))
         return out
 
-    monkeypatch.setattr(TrainStep, "_optimizer_step", watched)
+    monkeypatch.setattr(TrainStep, "_update", watched)
     said = []
     summary = run(job(tmp_path, max_steps=5, max_bad_steps=1), echo=lambda *a: said.append(" ".join(map(str, a))))
     assert summary["steps"] == 5 and summary["bad_steps"] == 1

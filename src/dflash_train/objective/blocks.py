@@ -126,9 +126,9 @@ def uniform_anchors(loss_mask: torch.Tensor, num_anchors: int, block_size: int, 
 def decay_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
     """w_k = exp(-(k - 1) / gamma) for k >= 1 and 0 for the anchor position k = 0."""
     k = torch.arange(block_size, device=device, dtype=torch.float32)
-    weights = torch.exp(-(k - 1) / gamma)
-    weights[0] = 0.0
-    return weights
+    # a product, not ``weights[0] = 0``: assigning a Python number copies it from the host (a
+    # host-to-device copy per step, which a CUDA graph capture refuses)
+    return torch.exp(-(k - 1) / gamma) * (k > 0)
 
 
 @dataclass

@@ -60,28 +60,58 @@ class StepResult:
     kept_blocks: int  # valid blocks on this rank (counted on the CPU)
 
 
+@dataclass
+class DeviceBatch:
+    """One micro-batch's tensors on the device (``doc_ids``: packed rows, else None) and its kept
+    block count (counted on the host)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    anchors: torch.Tensor
+    keep: torch.Tensor
+    doc_ids: torch.Tensor | None
+    kept: int
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What the drafter's step reads (a CUDA graph's static inputs), in ``from_tensors`` order."""
+        return tuple(t for t in (self.input_ids, self.loss_mask, self.anchors, self.keep, self.doc_ids)
+                     if t is not None)
+
+
 class TrainStep:
+    """``graph`` (``train/cuda_graphs.GraphedStep``, or None): replays a one-micro-batch, one-rank
+    step as one CUDA graph; ``begin`` (or None): called first in every step (a new CUDA-graph
+    generation under ``train.compile_mode=reduce-overhead``)."""
+
     def __init__(self, model, drafter, target, optimizer, scheduler, opts: ObjectiveOptions, anchors: Anchors,
                  grad_clip: float, device: torch.device, dtype: torch.dtype, ranks, begin=None):
         self.model, self.drafter, self.target = model, drafter, target
         self.optimizer, self.scheduler = optimizer, scheduler
         self.opts, self.anchors, self.grad_clip = opts, anchors, grad_clip
         self.device, self.dtype, self.ranks = device, dtype, ranks
-        self.begin = begin  # if given, called first in every step (a new CUDA-graph generation, reduce-overhead)
+        self.begin = begin
+        self.graph = None  # set by ``use_graph``
         self.bad = torch.zeros(4, device=device)  # non-finite steps: count, first step, its loss, norm
         self.last_ok: torch.Tensor | None = None
 
-    def prepare(self, mb: MicroBatch):
-        """CPU anchors -> device blocks for one micro-batch."""
+    def use_graph(self, graph) -> None:
+        """Replay one-micro-batch steps through ``graph`` (a ``GraphedStep`` over ``graph_body``)."""
+        self.graph = graph
+
+    def to_device(self, mb: MicroBatch) -> DeviceBatch:
+        """CPU anchors and tokens -> device tensors for one micro-batch."""
         anchors, keep = self.anchors(mb)
         to = {"device": self.device, "non_blocking": True}
-        input_ids, loss_mask = mb.input_ids.to(**to), mb.loss_mask.to(**to)
         doc_ids = None if mb.doc_ids is None else mb.doc_ids.to(**to)
-        blocks = make_blocks(input_ids, loss_mask, anchors.to(**to), keep.to(**to), self.opts, doc_ids)
-        return input_ids, mb.attention_mask.to(**to), blocks, int(keep.sum())
+        return DeviceBatch(mb.input_ids.to(**to), mb.attention_mask.to(**to), mb.loss_mask.to(**to), anchors.to(**to),
+                           keep.to(**to), doc_ids, int(keep.sum()))
 
-    def global_weight(self, prepared) -> torch.Tensor:
-        total = sum(blocks.weights.sum() for _, _, blocks, _ in prepared)
+    def blocks(self, input_ids, loss_mask, anchors, keep, doc_ids=None):
+        return make_blocks(input_ids, loss_mask, anchors, keep, self.opts, doc_ids)
+
+    def global_weight(self, blocks) -> torch.Tensor:
+        total = sum(b.weights.sum() for b in blocks)
         if self.ranks.world > 1:
             dist.all_reduce(total, group=self.ranks.group)
         return total.clamp(min=1e-6)
@@ -92,34 +122,62 @@ class TrainStep:
         the target's final hidden states: a pair)."""
         if self.begin is not None:
             self.begin()
-        prepared = [self.prepare(mb) for mb in micro_batches]
-        total_weight = self.global_weight(prepared)
+        batches = [self.to_device(mb) for mb in micro_batches]
+        if self.graph is not None and len(batches) == 1:
+            return self._graphed(micro_batches[0], batches[0], features, step_number)
+        blocks = [self.blocks(*b.tensors()[:4], b.doc_ids) for b in batches]
+        total_weight = self.global_weight(blocks)
         mark("prepare")
-        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         step_loss = torch.zeros((), device=self.device)
         stats = []
-        for index, (input_ids, attention_mask, blocks, _) in enumerate(prepared):
-            context = features(micro_batches[index], input_ids, attention_mask)
-            target_hidden = None
-            if self.opts.distill > 0:  # the source also gave the target's final hidden states
-                context, target_hidden = context
+        for index, (batch, block) in enumerate(zip(batches, blocks)):
+            context = features(micro_batches[index], batch.input_ids, batch.attention_mask)
             mark("target_forward")
-            with autocast, no_sync(self.model, index < len(prepared) - 1):
-                out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, context,
-                                   blocks, self.opts, target_hidden)
-                loss = out.weighted_ce / total_weight
-                mark("drafter_forward")
-                (loss * self.ranks.world).backward()  # DDP averages over ranks; we want the global sum
+            loss, stat = self._forward_backward(block, context, total_weight, index < len(batches) - 1, mark)
             mark("backward")
-            step_loss += loss.detach()
-            stats.append(acceptance_stats(out.correct, out.valid, blocks.keep))
+            step_loss += loss
+            stats.append(stat)
         if self.ranks.world > 1:
             dist.all_reduce(step_loss, group=self.ranks.group)
-        grad_norm = self._optimizer_step(step_loss, step_number)
+        grad_norm = self._update(step_loss, self.bad.new_full((), float(step_number)))
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
         mark("optimizer")
-        return StepResult(step_loss, stats, grad_norm, sum(kept for *_, kept in prepared))
+        return StepResult(step_loss, stats, grad_norm, sum(b.kept for b in batches))
 
-    def _optimizer_step(self, step_loss: torch.Tensor, step_number: int) -> torch.Tensor:
+    def _forward_backward(self, blocks, context, total_weight, skip_sync: bool, mark=_no_mark):
+        """One micro-batch's drafter forward, loss and backward: (its share of the loss, its stats)."""
+        target_hidden = None
+        if self.opts.distill > 0:  # the source also gave the target's final hidden states
+            context, target_hidden = context
+        autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        with autocast, no_sync(self.model, skip_sync):
+            out = drafter_loss(self.model, self.target.embed_tokens, self.target.lm_head_weight, context,
+                               blocks, self.opts, target_hidden)
+            loss = out.weighted_ce / total_weight
+            mark("drafter_forward")
+            (loss * self.ranks.world).backward()  # DDP averages over ranks; we want the global sum
+        return loss.detach(), acceptance_stats(out.correct, out.valid, blocks.keep)
+
+    def graph_body(self, inputs: tuple[torch.Tensor, ...], context, step_number: torch.Tensor):
+        """The whole step of one micro-batch on one rank as device work only (what ``GraphedStep``
+        captures): blocks, weight, forward, backward, clipping and the optimizer update. The LR
+        schedule and the gradients' reset stay outside (the graph's gradients are overwritten by
+        each replay). Returns (loss, stats, grad norm, ok)."""
+        input_ids, loss_mask, anchors, keep, *doc_ids = inputs
+        blocks = self.blocks(input_ids, loss_mask, anchors, keep, doc_ids[0] if doc_ids else None)
+        loss, stats = self._forward_backward(blocks, context, self.global_weight([blocks]), False)
+        grad_norm = self._update(loss, step_number)
+        return loss, stats, grad_norm, self.last_ok
+
+    def _graphed(self, micro_batch: MicroBatch, batch: DeviceBatch, features, step_number: int) -> StepResult:
+        context = features(micro_batch, batch.input_ids, batch.attention_mask)
+        loss, stats, grad_norm, ok = self.graph(batch.tensors(), context, step_number)
+        self.last_ok = ok
+        self.scheduler.step()
+        return StepResult(loss, [stats], grad_norm, batch.kept)
+
+    def _update(self, step_loss: torch.Tensor, step_number: torch.Tensor) -> torch.Tensor:
         """Clip, then step, unless the loss or the gradient norm is not finite.
 
         Deciding that on the host would cost a device synchronization every step (the
@@ -128,9 +186,10 @@ class TrainStep:
         scalar ops on it and the (already reduced, identical on every rank) loss. The fused
         AdamW kernel takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
         step leaves weights, moments and the step count untouched. The host reads the
-        counters in ``bad`` at the next log line or save (``Trainer.check_bad_steps``), where
-        it synchronizes anyway. The LR schedule advances on a skipped step (its data is
-        consumed). Without a fused optimizer the host decides, at the price of a sync.
+        counters in ``bad`` (updated in place: a CUDA graph writes the same tensor) at the next
+        log line or save (``Trainer.check_bad_steps``), where it synchronizes anyway. The LR
+        schedule advances on a skipped step (its data is consumed). Without a fused optimizer
+        the host decides, at the price of a sync. ``step_number``: a device scalar.
         """
         clip = self.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), clip if clip > 0 else float("inf"))
@@ -140,14 +199,11 @@ class TrainStep:
         self.last_ok = ok
         bad = ~ok
         first = bad & (self.bad[0] == 0)
-        step = self.bad.new_full((), float(step_number))  # a fill kernel: no host-to-device copy
-        values = torch.stack([self.bad[0] + bad, step, step_loss.float(), grad_norm.float()])
-        self.bad = torch.where(torch.stack([bad, first, first, first]), values, self.bad)
+        values = torch.stack([self.bad[0] + bad, step_number.to(self.bad.dtype), step_loss.float(), grad_norm.float()])
+        self.bad.copy_(torch.where(torch.stack([bad, first, first, first]), values, self.bad))
         if self.optimizer.defaults.get("fused"):
             self.optimizer.found_inf = bad.float()
             self.optimizer.step()
         elif bool(ok):
             self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return grad_norm

@@ -22,6 +22,7 @@ from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
 from dflash_train.objective.blocks import default_gamma
 from dflash_train.objective.step import ObjectiveOptions
+from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import build_optimizer, build_scheduler
@@ -108,7 +109,7 @@ class Trainer:
         self._build_data()
         self.source = self._feature_source(features)
         self.timings = timings
-        # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see _optimizer_step.
+        # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see TrainStep._update.
         self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim,
                                          fused=self.device.type in ("cuda", "cpu"))
         self.counters = Counters()
@@ -118,6 +119,7 @@ class Trainer:
                               Anchors(t.anchors, t.num_anchors, t.seed, self.opts.block_size), cfg.optim.grad_clip,
                               self.device, self.dtype, self.ranks,
                               step_begin(cfg.train.compile_mode if self.compiled else "default"))
+        self._graph_the_step(data_parallel)
         self.stop_requested = False  # agreed by every rank after a step: the loop ends
         self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
@@ -140,6 +142,26 @@ class Trainer:
         self.echo(f"feature cache: {int(cache.offsets[-1]):,} tokens x {width} features, {cache.gib:.1f} GiB on "
                   f"{cache.store.device}; target forwards stop once every conversation has been seen")
         return cache
+
+    def _graph_the_step(self, data_parallel) -> None:
+        """Replay the step as one CUDA graph (``train.cuda_graph_step``) where it can be captured
+        whole: CUDA, one process, one micro-batch per step, no distillation (its features are a pair),
+        Inductor's own graphs off (``compile_mode=default``), and the fused AdamW that reads
+        ``found_inf`` on the device."""
+        t = self.cfg.train
+        why_not = [reason for reason, failed in (
+            ("not on CUDA", self.device.type != "cuda"), ("several ranks", self.ranks.world > 1 or data_parallel),
+            ("train.grad_accum > 1", t.grad_accum > 1), ("train.distill > 0", self.opts.distill > 0),
+            ("train.compile_mode=reduce-overhead", t.compile_mode != "default"),
+            ("no fused AdamW", not self.optimizer.defaults.get("fused"))) if failed]
+        if not t.cuda_graph_step:
+            return
+        if why_not:
+            if self.device.type == "cuda":
+                self.echo(f"train.cuda_graph_step: the step runs eagerly ({', '.join(why_not)})")
+            return
+        self.step.use_graph(GraphedStep(self.step.graph_body, self.optimizer))
+        self.echo("train.cuda_graph_step: after 2 eager steps every step replays as one CUDA graph")
 
     def build_scheduler(self):
         """The LR schedule over ``total_steps`` (and the time budget, when one is set)."""
