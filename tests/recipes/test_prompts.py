@@ -110,3 +110,28 @@ def test_cli_writes_regenerate_ready_records(tmp_path):
 
     report = SkipReport()
     assert len(list(read_records([str(out)], report))) == len(recs) and report.total_skipped == 0
+
+
+def test_a_second_prompt_set_excludes_the_first(tmp_path):
+    """--exclude FILE: the prompts of another set (here: the seeds, as answered chat records) are
+    never written again, so a second set with another --seed adds only new prompts."""
+    first = tmp_path / "first.jsonl"
+    assert P.main(["--out", str(first)]) == 0
+    answered = tmp_path / "answered.jsonl"  # as regenerate writes them: with the assistant's answer
+    rows = [json.loads(x) for x in first.read_text().splitlines()]
+    with answered.open("w") as out:
+        for row in rows[:500]:
+            row["messages"][1]["content"] = "An answer."
+            out.write(json.dumps(row) + "\n")
+    second = tmp_path / "second.jsonl"
+    assert P.main(["--out", str(second), "--exclude", str(answered)]) == 0
+    again = {json.loads(x)["messages"][0]["content"] for x in second.read_text().splitlines()}
+    assert len(again) == len(rows) - 500
+    assert not again & {r["messages"][0]["content"] for r in rows[:500]}
+
+
+def test_exclude_counts_later_adds_as_duplicates():
+    ps = P.PromptSet()
+    assert ps.exclude(["How do tides work?", "  how do TIDES work? ", ""]) == 1
+    assert not ps.add("How do tides work?", "x") and ps.rejected["duplicate"] == 1 and len(ps) == 0
+    assert ps.add("Why is the sky blue?", "x") and len(ps) == 1

@@ -214,6 +214,13 @@ class PromptSet:
         self.items.append({"id": f"p{key[:16]}", "text": text, "source": source})
         return True
 
+    def exclude(self, texts: Iterable[str]) -> int:
+        """Mark prompts as already taken (another set's) without adding them: a later ``add`` of
+        one counts as a duplicate. Returns how many were new to the set."""
+        before = len(self.seen)
+        self.seen.update(hashlib.sha1(norm.encode()).hexdigest() for norm in map(normalize, texts) if norm)
+        return len(self.seen) - before
+
     def __len__(self) -> int:
         return len(self.items)
 
@@ -299,6 +306,15 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
     return added
 
 
+def _user_turns(paths: list[Path]) -> Iterable[str]:
+    """The first user turn of every record of chat files (any format ``data/readers.py`` reads)."""
+    from dflash_train.data.errors import SkipReport
+    from dflash_train.data.readers import read_records
+
+    for record in read_records([str(p) for p in paths], SkipReport()):
+        yield next((m["content"] for m in record.messages if m["role"] == "user"), "")
+
+
 def make_generator(target: str, backend: str, device: str | None, dtype: str, batch_size: int):
     if backend == "static":
         from dflash_train.decoding.batched import StaticCacheGenerator
@@ -323,12 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-seeds", action="store_true", help="only synthetic prompts")
     parser.add_argument("--heldout", default=None, help="held-out prompts file (default: the packaged one)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exclude", nargs="*", default=[], type=Path,
+                        help="chat JSONL files whose user turns are never written again (another prompt set: "
+                             "with another --seed, a second set of new prompts beside the first)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop generating synthetic prompts after this long (keeps what is done)")
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
     prompts = PromptSet(load_heldout(args.heldout))
+    if args.exclude:
+        taken = prompts.exclude(_user_turns(args.exclude))
+        print(f"prompts: {taken} prompts of {len(args.exclude)} file(s) excluded", flush=True)
     if not args.no_seeds:
         for text, source in seed_prompts(args.seed):
             prompts.add(text, source)

@@ -3,7 +3,7 @@
 # recipe on a random SmolLM2-shaped target (graph off / on / variants)
 set -u
 source .gpu/s/env.sh
-[ -f /tmp/site/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/w1/*.whl >/dev/null 2>&1 && touch /tmp/site/.done; }
+[ -f /tmp/site/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1 && touch /tmp/site/.done; }
 mkdir -p $K/m $K/tok
 cp .gpu/a/part_aa $K/m/ &
 cp .gpu/tok/* $K/tok/ && ln -sfn $K/tok assets/smollm2

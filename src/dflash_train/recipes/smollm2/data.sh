@@ -18,14 +18,27 @@ REGEN_SECONDS=${REGEN_SECONDS:-330}  # wall cap per regeneration pass (resumable
 DFT=${DFT:-dflash-train}
 PY=${PY:-python}
 DEVICE=${DEVICE:-cuda}
+# More data beside an existing set (its answers in greedy-*.jsonl of another folder): another SEED writes
+# other prompts, EXCLUDE (chat files) drops any prompt already there, SEED_PROMPTS=0 skips the offline
+# seeds (the first set has them). E.g. OUT=runs/smollm2/data2 SEED=1 SEED_PROMPTS=0 \
+#   EXCLUDE="runs/smollm2/data/greedy-0.jsonl" bash src/dflash_train/recipes/smollm2/data.sh
+SEED=${SEED:-0}
+SEED_PROMPTS=${SEED_PROMPTS:-1}
+EXCLUDE=${EXCLUDE:-}
 mkdir -p "$OUT"
 stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
 
-[ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.recipes.prompts --out "$OUT/seeds.jsonl"
+if [ "$SEED_PROMPTS" = 1 ]; then
+  [ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.recipes.prompts --out "$OUT/seeds.jsonl" --seed "$SEED" \
+    ${EXCLUDE:+--exclude $EXCLUDE}
+else
+  : > "$OUT/seeds.jsonl"
+fi
 if [ ! -s "$OUT/synth.jsonl" ]; then
-  $PY -m dflash_train.recipes.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds \
-    --num-synthetic "$NUM_SYNTH" --batch-size "$GEN_BATCH" --backend static --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"
+  $PY -m dflash_train.recipes.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
+    ${EXCLUDE:+--exclude $EXCLUDE} --num-synthetic "$NUM_SYNTH" --batch-size "$GEN_BATCH" --backend static \
+    --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"
 fi
 stage "prompts done ($(wc -l < "$OUT/seeds.jsonl") seeds, $(wc -l < "$OUT/synth.jsonl") synthetic)"
 
