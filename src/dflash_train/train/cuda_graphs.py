@@ -1,4 +1,6 @@
-"""A function of fixed-shape tensors replayed as a CUDA graph, one graph per input shape.
+"""Training work replayed as CUDA graphs: ``GraphedCall`` (a function of fixed-shape tensors, one
+graph per input shape: the frozen target's forward) and ``GraphedStep`` (the drafter's whole
+optimizer step, below).
 
 Why: on the H200 the SmolLM2 recipe's steps were bound by the host, not the GPU. The frozen
 target's eager Hugging Face forward (28 layers of small kernels, for 16 rows of 512 tokens) took
@@ -15,6 +17,10 @@ eagerly from then on: a graph is an optimization, never a requirement.
 
 ``capture`` is injectable: the CPU tests pass one that "replays" by calling ``fn`` on the static
 buffers, which checks the buffer and clone plumbing that CUDA uses.
+
+With the target graphed, the drafter's step was the host-bound part (~30 ms of wall time for 14.5 ms
+of GPU work: hundreds of compiled-kernel launches per layer call); ``GraphedStep`` replays it whole
+(a cached step 50.0 -> 14.9 ms, README "sixth run").
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class DeviceBatch:
     kept: int
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """What the drafter's step reads (a CUDA graph's static inputs), in ``from_tensors`` order."""
+        """What the drafter's step reads (a CUDA graph's static inputs), as ``TrainStep.blocks`` takes them."""
         return tuple(t for t in (self.input_ids, self.loss_mask, self.anchors, self.keep, self.doc_ids)
                      if t is not None)
 
@@ -107,8 +107,10 @@ class TrainStep:
         return DeviceBatch(mb.input_ids.to(**to), mb.attention_mask.to(**to), mb.loss_mask.to(**to), anchors.to(**to),
                            keep.to(**to), doc_ids, int(keep.sum()))
 
-    def blocks(self, input_ids, loss_mask, anchors, keep, doc_ids=None):
-        return make_blocks(input_ids, loss_mask, anchors, keep, self.opts, doc_ids)
+    def blocks(self, tensors: tuple[torch.Tensor, ...]):
+        """The micro-batch's blocks from ``DeviceBatch.tensors()`` (ids, loss mask, anchors, keep[, doc ids])."""
+        input_ids, loss_mask, anchors, keep, *doc_ids = tensors
+        return make_blocks(input_ids, loss_mask, anchors, keep, self.opts, doc_ids[0] if doc_ids else None)
 
     def global_weight(self, blocks) -> torch.Tensor:
         total = sum(b.weights.sum() for b in blocks)
@@ -125,7 +127,7 @@ class TrainStep:
         batches = [self.to_device(mb) for mb in micro_batches]
         if self.graph is not None and len(batches) == 1:
             return self._graphed(micro_batches[0], batches[0], features, step_number)
-        blocks = [self.blocks(*b.tensors()[:4], b.doc_ids) for b in batches]
+        blocks = [self.blocks(b.tensors()) for b in batches]
         total_weight = self.global_weight(blocks)
         mark("prepare")
         step_loss = torch.zeros((), device=self.device)
@@ -164,8 +166,7 @@ class TrainStep:
         captures): blocks, weight, forward, backward, clipping and the optimizer update. The LR
         schedule and the gradients' reset stay outside (the graph's gradients are overwritten by
         each replay). Returns (loss, stats, grad norm, ok)."""
-        input_ids, loss_mask, anchors, keep, *doc_ids = inputs
-        blocks = self.blocks(input_ids, loss_mask, anchors, keep, doc_ids[0] if doc_ids else None)
+        blocks = self.blocks(inputs)
         loss, stats = self._forward_backward(blocks, context, self.global_weight([blocks]), False)
         grad_norm = self._update(loss, step_number)
         return loss, stats, grad_norm, self.last_ok
