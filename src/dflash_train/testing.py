@@ -140,3 +140,53 @@ class NoisyCheckedProposer:
         want = (self.continuation[g:] + [0] * num_draft)[:num_draft]
         want = [(t + 1) % vocab if self.rng.random() < self.p_wrong else t for t in want]
         return one_hot_logits(want, vocab)
+
+
+def _copy_into(outs, fresh):
+    if isinstance(outs, torch.Tensor):
+        outs.copy_(fresh)
+    elif isinstance(outs, tuple | list):
+        for o, f in zip(outs, fresh):
+            _copy_into(o, f)
+    elif hasattr(outs, "__dataclass_fields__"):
+        for name in vars(outs):
+            _copy_into(getattr(outs, name), getattr(fresh, name))
+
+
+class ReplayedStep:
+    """What ``dry_capture`` returns: ``replay()`` runs the recorded step as a CUDA graph would,
+    gradients overwritten (zeroed in place first, not accumulated), outputs written in place."""
+
+    def __init__(self, fn, outputs, params):
+        self.fn, self.outputs, self.params = fn, outputs, params
+
+    def replay(self):
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.zero_()
+        _copy_into(self.outputs, self.fn())
+
+
+def dry_capture(params, optimizer, extra=()):
+    """A CPU stand-in for ``train/cuda_graphs.capture_step``: ``capture(fn)`` runs ``fn`` once to
+    learn its outputs, then puts back what it changed (parameters, optimizer state, ``extra``
+    tensors, no gradients), because a CUDA capture records the step without running it."""
+    import copy
+
+    params = list(params)
+
+    def capture(fn):
+        saved = [p.detach().clone() for p in params]
+        saved_extra = [t.clone() for t in extra]
+        state = copy.deepcopy(optimizer.state_dict())
+        outputs = fn()
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+                p.grad = None
+            for t, s in zip(extra, saved_extra):
+                t.copy_(s)
+        optimizer.load_state_dict(state)
+        return ReplayedStep(fn, outputs, params), outputs
+
+    return capture

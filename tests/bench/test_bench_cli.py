@@ -19,7 +19,7 @@ FIELDS = {
     "gflops_per_context_token_breakdown", "achieved_tflops", "matmul_ceiling_tflops", "matmul_ceiling", "mfu",
     "phase_seconds", "profiled_step_s", "phase_timing", "peak_memory_gib", "peak_host_rss_gib", "build_s",
     "first_step_s", "compile_cache", "compile_s", "compile_breakdown_s", "warmup_step_s", "recompiles_after_warmup", "dynamo_graphs_total", "last_loss",
-    "rank", "world_size", "context_tokens_per_s_per_gpu",
+    "rank", "world_size", "context_tokens_per_s_per_gpu", "cuda_graph_step",
 }
 
 
@@ -73,6 +73,29 @@ def test_sane_values(result):
     assert math.isfinite(result["last_loss"]) and result["last_loss"] > 0
 
 
+def test_graphed_step_bench_replays_and_trains_as_the_eager_one():
+    """--cuda-graph-step (a CPU stand-in capture; on CUDA the real one): the warm-up runs eagerly, every
+    timed step is a replay, no phase split is claimed, and the losses are the eager bench's."""
+    from dflash_train.bench.run import BenchConfig, run_bench
+    from dflash_train.testing import dry_capture
+
+    def quiet(*_):
+        pass
+
+    def capture(step):
+        return dry_capture(step.drafter.parameters(), step.optimizer, extra=[step.bad])
+
+    base = dict(target_config="tiny", steps=3, warmup=2, profile_steps=1, device="cpu")
+    eager = run_bench(BenchConfig(**base), log=quiet)
+    graphed = run_bench(BenchConfig(**base, cuda_graph_step=True), log=quiet, test_capture=capture)
+    assert eager["cuda_graph_step"] is None
+    assert graphed["cuda_graph_step"] == {"captured": True, "replays": 3, "eager_steps": 2}
+    assert graphed["phase_seconds"] is None and graphed["profiled_step_s"] is None
+    assert graphed["last_loss"] == pytest.approx(eager["last_loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        run_bench(BenchConfig(**base, cuda_graph_step=True), log=quiet)
+
+
 def test_flex_on_cpu_is_refused(capsys):
     rc = main(["bench", "--target-config", "tiny", "--steps", "1", "--warmup", "0", "--device", "cpu",
                "--attention", "flex"])
@@ -80,24 +103,38 @@ def test_flex_on_cpu_is_refused(capsys):
     assert "flex" in capsys.readouterr().err
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
-def test_cuda_flex_compiled_tiny(tmp_path):
-    """The CUDA path on the tiny target: flex BlockMask, compiled layers, checkpointing, no recompiles."""
+def _cuda_tiny_bench(*flags: str) -> dict:
+    """The JSON of ``bench`` on the tiny target on CUDA (3 timed steps after 2 warm-up ones)."""
     import contextlib
     import io
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         rc = main(["bench", "--target-config", "tiny", "--steps", "3", "--warmup", "2", "--device", "cuda",
-                   "--checkpoint-drafter", "--matmul-size", "2048"])
+                   "--matmul-size", "2048", *flags])
     assert rc == 0
-    result = json.loads(stdout.getvalue())
+    return json.loads(stdout.getvalue())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_flex_compiled_tiny(tmp_path):
+    """The CUDA path on the tiny target: flex BlockMask, compiled layers, checkpointing, no recompiles."""
+    result = _cuda_tiny_bench("--checkpoint-drafter")
     assert result["config"]["attention"] == "flex" and result["config"]["compile"] is True
     assert "bfloat16" in result["matmul_ceiling"]
     assert result["peak_memory_gib"] > 0
     assert result["recompiles_after_warmup"] == 0
     assert result["dynamo_graphs_total"] > 0
+    assert math.isfinite(result["last_loss"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_step_tiny():
+    """--cuda-graph-step with the real capture on the tiny target: the timed steps are replays."""
+    result = _cuda_tiny_bench("--cuda-graph-step")
+    assert result["cuda_graph_step"] == {"captured": True, "replays": 3, "eager_steps": 2}
     assert math.isfinite(result["last_loss"])
 
 

@@ -1,13 +1,12 @@
 """The whole training step replayed as one CUDA graph (train/cuda_graphs.GraphedStep), with a CPU
-stand-in for the capture that behaves like CUDA's: capturing records the step WITHOUT running it
-(the state it touched is put back), and each replay runs it on the static buffers, overwrites the
-gradients (zeroed in place first, not accumulated) and writes the outputs IN PLACE, so a missing
-clone, a stale input buffer, a stale learning rate or a double step changes the numbers.
-The reference is the plain eager step."""
+stand-in for the capture that behaves like CUDA's (``testing.dry_capture``): capturing records the
+step WITHOUT running it (the state it touched is put back), and each replay runs it on the static
+buffers, overwrites the gradients (zeroed in place first, not accumulated) and writes the outputs IN
+PLACE, so a missing clone, a stale input buffer, a stale learning rate or a double step changes the
+numbers. The reference is the plain eager step."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -15,55 +14,13 @@ import pytest
 import torch
 
 from dflash_train.config import config_from_dict
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
+from dflash_train.testing import dry_capture, tiny_chat_job, tiny_chat_target
 from dflash_train.train import trainer as trainer_mod
 from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.loop import train
 from dflash_train.train.trainer import Trainer
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
-
-
-def _copy_into(outs, fresh):
-    if isinstance(outs, torch.Tensor):
-        outs.copy_(fresh)
-    elif isinstance(outs, tuple | list):
-        for o, f in zip(outs, fresh):
-            _copy_into(o, f)
-    elif hasattr(outs, "__dataclass_fields__"):
-        for name in vars(outs):
-            _copy_into(getattr(outs, name), getattr(fresh, name))
-
-
-class ReplayedStep:
-    def __init__(self, fn, outputs, params):
-        self.fn, self.outputs, self.params = fn, outputs, params
-
-    def replay(self):
-        for p in self.params:
-            if p.grad is not None:
-                p.grad.zero_()  # a replay overwrites the graph's gradients
-        _copy_into(self.outputs, self.fn())
-
-
-def dry_capture(params, optimizer, extra=()):
-    """capture(fn): run fn once to learn its outputs, then undo what it did (CUDA records, runs nothing)."""
-    params = list(params)
-
-    def capture(fn):
-        saved = [p.detach().clone() for p in params]
-        saved_extra = [t.clone() for t in extra]
-        state = copy.deepcopy(optimizer.state_dict())
-        outputs = fn()
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)
-            for t, s in zip(extra, saved_extra):
-                t.copy_(s)
-        optimizer.load_state_dict(state)
-        return ReplayedStep(fn, outputs, params), outputs
-
-    return capture
 
 
 def _toy(seed=0):

@@ -6,7 +6,9 @@ per step): anchors sampled on the CPU, host-to-device copies, blocks, the global
 clipping with the on-device non-finite check, fused ``AdamW.step``, the LR scheduler. Only the
 data differ: synthetic micro-batches instead of a tokenized set. The drafter is wrapped by the
 trainer's ``parallelize_drafter`` (activation checkpointing, per-layer ``torch.compile``, DDP
-under torchrun).
+under torchrun). ``--cuda-graph-step`` replays the step as one CUDA graph after two eager warm-up
+steps, as the trainer does in one process (``train.cuda_graph_step``); the profiled pass is then
+skipped (a replay has no phase boundaries to synchronize at).
 
 Timing:
 
@@ -63,6 +65,7 @@ from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.objective.blocks import default_gamma
 from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train import compilation
+from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.optim import build_optimizer, build_scheduler
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter
 from dflash_train.train.step import Anchors, TrainStep
@@ -99,6 +102,7 @@ class BenchConfig:
     prompt_len: int = 16  # leading tokens with loss_mask 0
     matmul_size: int | None = None  # None: 8192 on CUDA, 1024 on CPU
     seed: int = 0
+    cuda_graph_step: bool = False  # replay the step as one CUDA graph, as the trainer does (one process)
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -131,6 +135,17 @@ class BenchConfig:
             raise ValueError("bench: --attention flex has no CPU backward; use --attention sdpa")
         if self.seq_len <= self.block_size + 2:
             raise ValueError(f"bench: --seq-len {self.seq_len} must exceed --block-size + 2")
+        if self.cuda_graph_step and not self.device.startswith("cuda"):
+            raise ValueError("bench: --cuda-graph-step needs a CUDA device")
+
+
+def _resolved_for_a_test_capture(cfg: BenchConfig) -> BenchConfig:
+    """``resolved()`` without the CUDA requirement of ``--cuda-graph-step``: a test's stand-in
+    capture replays the graph on the CPU."""
+    graphed = cfg.cuda_graph_step
+    out = BenchConfig(**{**asdict(cfg), "cuda_graph_step": False}).resolved()
+    out.cuda_graph_step = graphed
+    return out
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -258,15 +273,19 @@ def _across_ranks(value: float, device: torch.device, world: int, op: str = "max
     return float(t)
 
 
-def run_bench(cfg: BenchConfig, log=_log) -> dict:
+def run_bench(cfg: BenchConfig, log=_log, test_capture=None) -> dict:
     """Build everything, run warm-up, timed and profiled steps; return the result dict.
 
-    Under torchrun the process group is set up here and torn down before returning."""
+    Under torchrun the process group is set up here and torn down before returning.
+    ``test_capture(step) -> capture``: a stand-in for the CUDA capture of ``--cuda-graph-step``
+    (CPU tests; ``train/cuda_graphs.GraphedStep`` says what a capture must do)."""
     from dflash_train.distributed.env import shutdown
 
+    if cfg.cuda_graph_step and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("bench: --cuda-graph-step runs in one process (the trainer graphs no DDP step)")
     env = _init_distributed(cfg)
     if env is None:
-        return _run_bench(cfg, env, log)
+        return _run_bench(cfg, env, log, test_capture)
     try:
         result = _run_bench(cfg, env, log)
     except BaseException:
@@ -276,8 +295,8 @@ def run_bench(cfg: BenchConfig, log=_log) -> dict:
     return result
 
 
-def _run_bench(cfg: BenchConfig, env, log) -> dict:
-    cfg = cfg.resolved()
+def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
+    cfg = cfg.resolved() if test_capture is None else _resolved_for_a_test_capture(cfg)
     world, rank = (env.world, env.rank) if env is not None else (1, 0)
     if rank != 0:
         log = _noop
@@ -316,6 +335,9 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     step = TrainStep(model, drafter, target, optimizer, scheduler, opts,
                      Anchors("random", cfg.num_anchors, cfg.seed, cfg.block_size), optim_cfg.grad_clip,
                      device, dtype, ranks)
+    if cfg.cuda_graph_step:
+        step.use_graph(GraphedStep(step.graph_body, optimizer,
+                                   capture=None if test_capture is None else test_capture(step)))
     layer_ids = list(dcfg.target_layer_ids)
 
     def train_step(batch: MicroBatch, index: int, mark=_noop):
@@ -359,7 +381,9 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
     # profiled pass: synchronize at phase boundaries
     phase_totals = dict.fromkeys(PHASES, 0.0)
     profiled_step_s = None
-    if cfg.profile_steps:
+    if cfg.profile_steps and step.graph is not None:  # one launch: no phase boundaries to time
+        phase_totals = None
+    elif cfg.profile_steps:
         clock = {"t": 0.0}
 
         def mark(phase: str) -> None:
@@ -410,8 +434,12 @@ def _run_bench(cfg: BenchConfig, env, log) -> dict:
         "mfu": achieved / ceiling,
         "phase_seconds": phase_totals,
         "profiled_step_s": profiled_step_s,
-        "phase_timing": (f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
+        "phase_timing": ("none: the step is one CUDA graph (--cuda-graph-step)" if step.graph is not None else
+                         f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
                          "synchronize at each phase boundary; the timed loop has no syncs"),
+        "cuda_graph_step": None if step.graph is None else {
+            "captured": step.graph.graph is not None, "replays": step.graph.replays,
+            "eager_steps": step.graph.eager_steps},
         "peak_memory_gib": peak_gib,
         "peak_host_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "build_s": build_s,
