@@ -217,9 +217,19 @@ def _build(cls, data: dict[str, Any], where: str):
     for name, value in data.items():
         if name == "betas" and isinstance(value, list):
             value = tuple(value)
+        value = _yaml_word(value, str(known[name].type))
         _check_bool(value, str(known[name].type), f"{where}.{name}")
         kwargs[name] = _coerce_number(value, str(known[name].type), f"{where}.{name}")
     return cls(**kwargs)
+
+
+def _yaml_word(value: Any, annotation: str) -> Any:
+    """A text field written ``off`` or ``on``: YAML 1.1 reads those words (and yes/no) as booleans,
+    so ``train.feature_cache=off`` arrived as False; a text field gets the word back."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    if isinstance(value, bool) and kinds <= {"str", "None"}:
+        return "on" if value else "off"
+    return value
 
 
 def _check_bool(value: Any, annotation: str, key: str) -> None:

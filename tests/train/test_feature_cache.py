@@ -99,6 +99,11 @@ def test_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="feature_cache stores features only"):
         load_config("cpu-demo", ["train.feature_cache=device", "train.distill=0.5"])
     assert load_config("cpu-demo", ["train.feature_cache=cpu"]).train.feature_cache == "cpu"
+    # YAML 1.1 reads a bare off as False: the text field gets its word back (it was refused as False)
+    assert load_config("smollm2-1gpu", ["train.feature_cache=off"]).train.feature_cache == "off"
+    written = tmp_path / "job.yaml"
+    written.write_text("target: {path: assets/smollm2}\ndata: {paths: [chat.jsonl]}\ntrain: {feature_cache: off}\n")
+    assert load_config(str(written)).train.feature_cache == "off"
     with pytest.raises(ValueError, match="disaggregated topology streams them"):  # a source given by the caller
         trainer_module.Trainer(config_from_dict(tiny_chat_job(tmp_path, feature_cache="device")),
                                target=tiny_chat_target(SMOLLM2), echo=lambda *a: None, features=LocalFeatures)

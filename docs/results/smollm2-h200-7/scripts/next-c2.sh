@@ -1,0 +1,28 @@
+#!/bin/bash
+# Prepared for the next session (not run on a GPU yet; CPU dry run: see README.md here): the model,
+# the committed answers (set 1), a SECOND set of new prompts and greedy answers (SEED=1, none of set
+# 1's prompts), both tokenized, a warm compile; set 2's answers come back compressed (to commit).
+set -u
+source .gpu/s/env.sh
+trap '(cd $K && tar czf $OUT/c2.tgz --ignore-failed-read warm.log data2/data.log data2/regen-0.log gguf.sha256 2>/dev/null)' EXIT
+if [ ! -f "$K/smollm2/config.json" ]; then
+  [ -f .gpu/b/part_ab ] && cat $K/m/part_aa .gpu/b/part_ab .gpu/b/part_ac > $K/m/SmolLM2-135M-Instruct.Q4_1.gguf
+  sha256sum $K/m/*.gguf | tee $K/gguf.sha256
+  $PY -c "from pathlib import Path; from dflash_train.assets import convert_gguf_to_folder as c; c(Path('$K/m/SmolLM2-135M-Instruct.Q4_1.gguf'), Path('$K/smollm2'))" > $K/convert.log 2>&1 || { tail $K/convert.log; exit 1; }
+fi
+ln -sfn $K/smollm2 assets/smollm2
+stage "model ready"
+mkdir -p $D $K/data2
+[ -s $D/greedy-0.jsonl ] || tar xJf docs/results/smollm2-h200-6/data/greedy-answers.tar.xz -C $D
+DEVICE=$DEV OUT=$K/data2 NGPU=1 SEED=1 SEED_PROMPTS=0 EXCLUDE=$D/greedy-0.jsonl NUM_SYNTH=${SYNTH:-70000} \
+  SYNTH_SECONDS=${SYNTH_S:-75} REGEN_SECONDS=${REGEN_S:-190} MAX_NEW=256 GEN_BATCH=${GEN_BATCH:-2048} DFT="$DFT" PY=$PY \
+  bash src/dflash_train/recipes/smollm2/data.sh > $K/data2/data.log 2>&1
+grep "==" $K/data2/data.log
+ln -sfn $K/data2/greedy-0.jsonl $D/greedy-1.jsonl  # set_common trains on every $D/greedy-*.jsonl
+stage "set 2: $(wc -l < $K/data2/synth.jsonl) prompts, $(wc -l < $K/data2/greedy-0.jsonl) greedy answers"
+( cd $K/data2 && tar cf - greedy-0.jsonl | xz -T4 -6 > /tmp/data2.tar.xz && split -b 15M -d /tmp/data2.tar.xz $OUT/data2-xz.part ) &
+set_common
+timeout $(( $(left) - 20 )) $DFT train $COMMON train.run_dir=$K/warm train.max_steps=3 train.time_budget_minutes=0 > $K/warm.log 2>&1
+grep -h -i "read\|trim\|kept\|steps/epoch\|feature cache\|first step\|cuda_graph" $K/warm.log | head -12
+stage "tokenized, recipe compiled"
+wait
