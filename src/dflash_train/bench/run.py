@@ -135,17 +135,6 @@ class BenchConfig:
             raise ValueError("bench: --attention flex has no CPU backward; use --attention sdpa")
         if self.seq_len <= self.block_size + 2:
             raise ValueError(f"bench: --seq-len {self.seq_len} must exceed --block-size + 2")
-        if self.cuda_graph_step and not self.device.startswith("cuda"):
-            raise ValueError("bench: --cuda-graph-step needs a CUDA device")
-
-
-def _resolved_for_a_test_capture(cfg: BenchConfig) -> BenchConfig:
-    """``resolved()`` without the CUDA requirement of ``--cuda-graph-step``: a test's stand-in
-    capture replays the graph on the CPU."""
-    graphed = cfg.cuda_graph_step
-    out = BenchConfig(**{**asdict(cfg), "cuda_graph_step": False}).resolved()
-    out.cuda_graph_step = graphed
-    return out
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -296,7 +285,9 @@ def run_bench(cfg: BenchConfig, log=_log, test_capture=None) -> dict:
 
 
 def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
-    cfg = cfg.resolved() if test_capture is None else _resolved_for_a_test_capture(cfg)
+    cfg = cfg.resolved()
+    if cfg.cuda_graph_step and not cfg.device.startswith("cuda") and test_capture is None:
+        raise ValueError("bench: --cuda-graph-step needs a CUDA device")
     world, rank = (env.world, env.rank) if env is not None else (1, 0)
     if rank != 0:
         log = _noop

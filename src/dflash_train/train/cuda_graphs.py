@@ -63,12 +63,9 @@ class GraphedCall:
             try:
                 entry = self._record(key, args)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()  # let a broken capture's work drain before running eagerly
+                _capture_failed(self.name, err)
                 self.enabled = False
                 self.graphs.clear()
-                warnings.warn(f"{self.name}: CUDA graph capture failed ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}); running it eagerly", stacklevel=2)
                 return self.fn(*args)
         buffers, graph, outputs = entry
         for buffer, arg in zip(buffers, args):
@@ -127,23 +124,28 @@ class GraphedStep:
         self.static = None  # (inputs, context) buffers
         self.step_number = self.lrs = self.outputs = None
 
+    def _allocate(self, inputs, context) -> None:
+        """The static buffers, shaped like the first step's values."""
+        self.static = (tuple(torch.empty_like(t) for t in inputs), torch.empty_like(context))
+        self.step_number = torch.zeros((), device=context.device)
+        self.lrs = [torch.zeros((), device=context.device) for _ in self.optimizer.param_groups]
+
     def _matches(self, inputs, context) -> bool:
-        if self.static is None:
-            self.static = (tuple(torch.empty_like(t) for t in inputs), torch.empty_like(context))
-            self.step_number = torch.zeros((), device=context.device)
-            self.lrs = [torch.zeros((), device=context.device) for _ in self.optimizer.param_groups]
-        buffers = (*self.static[0], self.static[1])
-        values = (*inputs, context)
+        buffers, values = (*self.static[0], self.static[1]), (*inputs, context)
         return len(buffers) == len(values) and all(
             b.shape == v.shape and b.dtype == v.dtype and b.device == v.device for b, v in zip(buffers, values))
+
+    def _refill_lrs(self) -> None:
+        """Each group's LR tensor := the schedule's current float (a fill kernel, no host copy)."""
+        for lr, group in zip(self.lrs, self.optimizer.param_groups):
+            lr.fill_(float(group["lr"]))
 
     def _stage(self, inputs, context, step_number: int) -> None:
         """Copy this step's values into the static buffers."""
         for buffer, value in zip((*self.static[0], self.static[1]), (*inputs, context)):
             buffer.copy_(value, non_blocking=True)
         self.step_number.fill_(float(step_number))
-        for lr, group in zip(self.lrs, self.optimizer.param_groups):
-            lr.fill_(float(group["lr"]))
+        self._refill_lrs()
 
     def _run_body(self, inputs, context, step_number):
         """``body``, each group's LR read from its device tensor."""
@@ -177,21 +179,17 @@ class GraphedStep:
             self.graph, self.outputs = self.capture(lambda: self._run_body(*self.static, self.step_number))
             return True
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            _capture_failed(self.name, err)
             self.enabled, self.graph, self.outputs = False, None, None
-            warnings.warn(f"{self.name}: CUDA graph capture failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}, at {_where(err)}); running it eagerly",
-                          stacklevel=3)
             return False
 
     def __call__(self, inputs, context, step_number: int):
         self.calls += 1
+        if self.static is None:
+            self._allocate(inputs, context)
         if not self._matches(inputs, context):  # another shape: this step runs eagerly on its own tensors
-            number = torch.full((), float(step_number), device=context.device)
-            for lr, group in zip(self.lrs, self.optimizer.param_groups):
-                lr.fill_(float(group["lr"]))
-            return self._eager(inputs, context, number)
+            self._refill_lrs()
+            return self._eager(inputs, context, torch.full((), float(step_number), device=context.device))
         self._stage(inputs, context, step_number)
         if not self.enabled or (self.graph is None and self.calls <= self.eager_steps):
             return self._eager(*self.static, self.step_number, side_stream=self.calls == self.eager_steps)
@@ -200,6 +198,15 @@ class GraphedStep:
         self.graph.replay()
         self.replays += 1
         return _clone(self.outputs)
+
+
+def _capture_failed(name: str, err: BaseException) -> None:
+    """Let a broken capture's work drain, then say once what failed and where (eager from now on)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    first_line = str(err).splitlines()[0] if str(err) else ""
+    warnings.warn(f"{name}: CUDA graph capture failed ({type(err).__name__}: {first_line}, at {_where(err)}); "
+                  "running it eagerly", stacklevel=4)
 
 
 def _where(err: BaseException) -> str:

@@ -149,13 +149,13 @@ class Trainer:
         Inductor's own graphs off (``compile_mode=default``), and the fused AdamW that reads
         ``found_inf`` on the device."""
         t = self.cfg.train
+        if not t.cuda_graph_step:
+            return
         why_not = [reason for reason, failed in (
             ("not on CUDA", self.device.type != "cuda"), ("several ranks", self.ranks.world > 1 or data_parallel),
             ("train.grad_accum > 1", t.grad_accum > 1), ("train.distill > 0", self.opts.distill > 0),
             ("train.compile_mode=reduce-overhead", t.compile_mode != "default"),
             ("no fused AdamW", not self.optimizer.defaults.get("fused"))) if failed]
-        if not t.cuda_graph_step:
-            return
         if why_not:
             if self.device.type == "cuda":
                 self.echo(f"train.cuda_graph_step: the step runs eagerly ({', '.join(why_not)})")
