@@ -113,6 +113,9 @@ class TrainConfig:
     # device / in host memory) and skip the target forward when a micro-batch is all cached
     # (train/features.py, SampleFeatureCache: exact, memory = dataset tokens x feature width); "off": recompute
     feature_cache: str = "off"
+    # feature_cache=device only: at most this many GiB of the cache on the GPU (the dataset's first
+    # tokens); the rest spills to host memory, read back ahead of each step (null: all on the GPU)
+    feature_cache_gib: float | None = None
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
 
@@ -151,6 +154,12 @@ class TrainConfig:
             raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
         if self.feature_cache not in ("off", "device", "cpu"):
             raise ValueError(f"train.feature_cache must be off, device or cpu, got {self.feature_cache!r}")
+        if self.feature_cache_gib is not None:
+            if self.feature_cache != "device":
+                raise ValueError("train.feature_cache_gib caps the GPU part of train.feature_cache=device; "
+                                 f"it has no use with feature_cache={self.feature_cache}")
+            if not self.feature_cache_gib >= 0:
+                raise ValueError(f"train.feature_cache_gib must be >= 0, got {self.feature_cache_gib}")
         if self.feature_cache != "off" and self.distill > 0:
             raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
                              "final hidden states at every step: use one or the other")

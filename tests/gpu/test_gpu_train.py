@@ -189,3 +189,34 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack):
     torch.testing.assert_close(torch.tensor(loss), torch.tensor(eager_loss), rtol=2e-3, atol=2e-3)
     for name, value in eager_w.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-2, atol=2e-3)
+
+
+@pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
+                    reason="the chat test target takes assets/smollm2's tokenizer")
+def test_feature_cache_spilled_to_host_trains_as_the_target_does(tmp_path):
+    """Half the feature cache in host memory (``train.feature_cache_gib``): the prefetching thread
+    gathers spilled rows into pinned memory and the step copies them asynchronously while the step
+    graph replays; 30 steps (several epochs) give the losses of recomputing the target each step."""
+    from dflash_train.config import config_from_dict
+    from dflash_train.testing import tiny_chat_job, tiny_chat_target
+    from dflash_train.train.trainer import Trainer
+
+    losses, caches = {}, {}
+    for where in ("off", "spilled"):
+        job = tiny_chat_job(tmp_path / where, max_steps=30, device="cuda", num_anchors=16, log_every=1,
+                            feature_cache="off" if where == "off" else "device")
+        job["target"]["dtype"] = "bfloat16"
+        target = tiny_chat_target(REPO / "assets" / "smollm2")
+        target.model.to("cuda", dtype=torch.bfloat16)
+        if where == "spilled":
+            probe = Trainer(config_from_dict(job), target=target, echo=lambda *a: None)
+            job["train"]["feature_cache_gib"] = probe.source.gib / 2
+            del probe
+        torch.manual_seed(0)
+        trainer = Trainer(config_from_dict(job), target=target, echo=lambda *a: None)
+        trainer.run()
+        rows = [json.loads(line) for line in (tmp_path / where / "run" / "metrics.jsonl").read_text().splitlines()]
+        losses[where], caches[where] = [r["loss"] for r in rows if "loss" in r], trainer.source
+    cache = caches["spilled"]
+    assert cache.spill.shape[0] > 0 and cache.store.device.type == "cuda" and cache.hits > 0 and cache.misses > 0
+    torch.testing.assert_close(torch.tensor(losses["spilled"]), torch.tensor(losses["off"]), rtol=2e-3, atol=2e-3)

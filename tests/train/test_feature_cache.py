@@ -93,6 +93,47 @@ def test_a_micro_batch_with_an_unseen_conversation_runs_the_target():
     assert target.calls == 2 and cache.hits == 1
 
 
+def _spilling(target, device_tokens: int) -> SampleFeatureCache:
+    """A cache holding only its first ``device_tokens`` tokens in its "device" store (width 2,
+    float32: 8 bytes a token); the rest spills to host memory."""
+    return SampleFeatureCache(target, LENGTHS, width=2, dtype=torch.float32, device="cpu",
+                              device_gib=device_tokens * 8 / 2**30)
+
+
+@pytest.mark.parametrize("ahead", [True, False], ids=["gathered-ahead", "gathered-in-step"])
+def test_spilled_rows_are_served_like_rows_on_the_device(ahead):
+    """6 of the 14 tokens in the device store (conversation 0 and part of 1), 8 spilled: every
+    later packing gets exactly its features back, whether the prefetching thread gathered the
+    spilled rows ahead (``prefetch``) or the step does."""
+    target = FakeTarget()
+    cache = _spilling(target, 6)
+    assert (cache.store.shape[0], cache.spill.shape[0]) == (6, 8)
+    early = packed([[1, 3]])
+    cache.prefetch(early)  # not cached yet: nothing may be gathered (it would read unwritten rows)
+    assert "cache_spill" not in early.host
+    for mb in (packed([[0, 1], [2]]), unpacked([3])):
+        serve(cache, mb)
+    assert (target.calls, cache.misses) == (2, 2)
+    for mb in (early, packed([[2, 0], [3, 1]]), packed([[1, 2, 0]]), unpacked([1, 3]), unpacked([0])):
+        if ahead:
+            cache.prefetch(mb)
+            assert ("cache_spill" in mb.host) == bool(cache.layout(mb).spill_rows.numel())
+        torch.testing.assert_close(serve(cache, mb), expected(mb))
+        assert "cache_spill" not in mb.host  # consumed by the step
+    assert (target.calls, cache.hits) == (2, 5)
+    assert cache.report()["host_gib"] == round(8 * 8 / 2**30, 2) and "host memory" in cache.describe()
+
+
+def test_a_cache_with_nothing_on_the_device_or_everything():
+    for device_tokens, spilled in ((0, 14), (100, 0)):
+        cache = _spilling(FakeTarget(), device_tokens)
+        assert cache.spill.shape[0] == spilled and cache.store.shape[0] == 14 - spilled
+        serve(cache, packed([[0, 1], [2, 3]]))
+        mb = packed([[3, 2], [1, 0]])
+        torch.testing.assert_close(serve(cache, mb), expected(mb))
+        assert cache.hits == 1
+
+
 def test_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="feature_cache must be off, device or cpu"):
         load_config("cpu-demo", ["train.feature_cache=gpu"])
@@ -107,6 +148,11 @@ def test_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="disaggregated topology streams them"):  # a source given by the caller
         trainer_module.Trainer(config_from_dict(tiny_chat_job(tmp_path, feature_cache="device")),
                                target=tiny_chat_target(SMOLLM2), echo=lambda *a: None, features=LocalFeatures)
+    assert load_config("smollm2-1gpu", ["train.feature_cache_gib=100"]).train.feature_cache_gib == 100
+    with pytest.raises(ValueError, match="caps the GPU part of train.feature_cache=device"):
+        load_config("cpu-demo", ["train.feature_cache=cpu", "train.feature_cache_gib=4"])
+    with pytest.raises(ValueError, match="feature_cache_gib must be >= 0"):
+        load_config("smollm2-1gpu", ["train.feature_cache_gib=-1"])
     with pytest.raises(ValueError, match="could not be allocated"):
         SampleFeatureCache(FakeTarget(), [2**40], width=2**10, dtype=torch.float32, device="cpu")
 
@@ -116,10 +162,13 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
+@pytest.mark.parametrize("spill", [False, True], ids=["all-on-device", "half-spilled"])
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
-def test_training_with_the_cache_equals_training_without(tmp_path, monkeypatch, pack):
+def test_training_with_the_cache_equals_training_without(tmp_path, monkeypatch, pack, spill):
     """Three epochs of the tiny chat job: the same losses step for step, and after the
-    first epoch the target runs no more (all micro-batches served from the cache)."""
+    first epoch the target runs no more (all micro-batches served from the cache), also with
+    half the cache spilled to host memory (``train.feature_cache_gib``, read ahead by the
+    prefetching thread)."""
     made = []
 
     class Recording(SampleFeatureCache):
@@ -132,11 +181,25 @@ def test_training_with_the_cache_equals_training_without(tmp_path, monkeypatch, 
     for where in ("off", "device"):
         job = tiny_chat_job(tmp_path / where, max_steps=30, feature_cache=where)
         job["data"]["pack"] = pack
+        if spill and where == "device":
+            job["train"]["feature_cache_gib"] = _half_the_cache(job)
+            made.clear()  # the probe's cache
         summary = train(config_from_dict(job), target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
         assert summary["steps"] == 30
         assert ("feature_cache" in summary) == (where != "off")
         curves[where] = _losses(tmp_path / where / "run")
     (cache,) = made
     assert cache.hits > 0 and cache.misses > 0 and bool(cache.cached.all())
-    assert summary["feature_cache"] == {"hits": cache.hits, "misses": cache.misses, "gib": round(cache.gib, 2)}
+    assert summary["feature_cache"] == {"hits": cache.hits, "misses": cache.misses, "gib": round(cache.gib, 2),
+                                        "host_gib": round(cache.host_gib, 2)}
+    assert (cache.spill.shape[0] > 0) == spill and cache.store.shape[0] > 0
     torch.testing.assert_close(torch.tensor(curves["device"]), torch.tensor(curves["off"]), rtol=1e-5, atol=1e-5)
+
+
+def _half_the_cache(job: dict) -> float:
+    """GiB of half the tiny chat job's cache (its tokens x feature width, float32)."""
+    from dflash_train.train.trainer import Trainer
+
+    probe = Trainer(config_from_dict({**job, "train": {**job["train"], "feature_cache": "device"}}),
+                    target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
+    return probe.source.gib / 2

@@ -19,6 +19,8 @@ the source as an argument (a factory of the trainer, since the source reads its 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dflash_train.models.attention import document_layout
@@ -76,10 +78,6 @@ class TimedFeatures:
     def finish(self) -> None:
         self.source.finish()
 
-    def report(self) -> dict:
-        """Steps served from the cache (no target forward) and steps that ran the target."""
-        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
-
 
 class CachedFeatures:
     """Computes each micro-batch's features once and serves them again (the planner times
@@ -101,9 +99,18 @@ class CachedFeatures:
     def finish(self) -> None:
         self.source.finish()
 
-    def report(self) -> dict:
-        """Steps served from the cache (no target forward) and steps that ran the target."""
-        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
+
+@dataclass
+class CacheLayout:
+    """Where a micro-batch's real tokens sit: in the flattened [rows * seq] features (``slots``)
+    and in the cache (``rows``), split into the part on the cache's device and the part spilled
+    to host memory. All on the host, computed once per micro-batch."""
+
+    samples: torch.Tensor  # conversation ids present
+    slots: torch.Tensor  # tokens whose features live in the device store
+    rows: torch.Tensor  # ... and their rows there
+    spill_slots: torch.Tensor  # tokens whose features live in host memory
+    spill_rows: torch.Tensor  # ... and their rows there
 
 
 class SampleFeatureCache:
@@ -122,29 +129,46 @@ class SampleFeatureCache:
 
     Cost: one row of ``n*h`` features per dataset token in the target's dtype, allocated up
     front on ``device`` ("cuda": the training GPU, fastest; "cpu": host memory, a gather and a
-    copy per step); 57,652 SmolLM2 conversations with 4 feature layers need ~61 GB. Indices
-    are built on the host from the micro-batch (no device synchronization); the cache is not
-    checkpointed (a resumed run refills it in its first epoch). With several colocated ranks
+    copy per step); 57,652 SmolLM2 conversations with 4 feature layers need ~61 GB.
+
+    A dataset larger than the GPU can hold: ``device_gib`` caps the part on ``device`` (the
+    dataset's first tokens); the rest spills to host memory. A step reads its spilled rows with
+    one host gather into pinned memory and one asynchronous copy, both done ahead by the
+    prefetching thread where it can (``prefetch``): the GPU keeps the step it is running.
+
+    Indices are built on the host from the micro-batch (no device synchronization); the cache is
+    not checkpointed (a resumed run refills it in its first epoch). With several colocated ranks
     each rank holds rows for the whole dataset but sees a different shard every epoch, so it
     hits only conversations it has met before: the cache pays most in one process.
     """
 
-    def __init__(self, source, lengths, width: int, dtype: torch.dtype, device):
+    def __init__(self, source, lengths, width: int, dtype: torch.dtype, device, device_gib: float | None = None):
         self.source = source
         lengths = torch.as_tensor(list(lengths), dtype=torch.long)
         self.offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
         self.offsets[1:] = lengths.cumsum(0)
         total = int(self.offsets[-1])
-        gib = total * width * torch.empty((), dtype=dtype).element_size() / 2**30
-        try:
-            self.store = torch.empty(total, width, dtype=dtype, device=device)
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            raise ValueError(f"train.feature_cache: {total:,} tokens x {width} features need {gib:.1f} GiB "
-                             f"on {device}, which could not be allocated ({type(err).__name__}); use "
-                             "train.feature_cache=cpu, fewer examples, or off") from None
-        self.gib = gib
+        row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        self.gib = total * row_bytes / 2**30
+        device = torch.device(device)
+        on_device = total if device_gib is None else min(total, int(device_gib * 2**30) // row_bytes)
+        self.store = self._allocate(on_device, width, dtype, device)
+        self.spill = self._allocate(total - on_device, width, dtype, torch.device("cpu"))
+        self.device_gib, self.host_gib = on_device * row_bytes / 2**30, (total - on_device) * row_bytes / 2**30
+        self.pin = device.type == "cuda"  # host rows go through pinned memory to a CUDA store
         self.cached = torch.zeros(len(lengths), dtype=torch.bool)
         self.hits = self.misses = 0
+
+    @staticmethod
+    def _allocate(tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        try:
+            return torch.empty(tokens, width, dtype=dtype, device=device)
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            gib = tokens * width * torch.empty((), dtype=dtype).element_size() / 2**30
+            hint = ("train.feature_cache_gib (the rest in host memory), " if device.type == "cuda" else "")
+            raise ValueError(f"train.feature_cache: {tokens:,} tokens x {width} features need {gib:.1f} GiB "
+                             f"on {device}, which could not be allocated ({type(err).__name__}); use "
+                             f"{hint}train.feature_cache=cpu, fewer examples, or off") from None
 
     def next_step(self):
         return self.source.next_step()
@@ -153,18 +177,27 @@ class SampleFeatureCache:
         self.source.finish()
 
     def report(self) -> dict:
-        """Steps served from the cache (no target forward) and steps that ran the target."""
-        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2)}
+        """Steps served from the cache (no target forward), steps that ran the target, and the
+        cache's size (of which ``host_gib`` spilled to host memory)."""
+        return {"hits": self.hits, "misses": self.misses, "gib": round(self.gib, 2),
+                "host_gib": round(self.host_gib, 2)}
 
-    def layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(sample ids present, flat slots of real tokens in the micro-batch, their rows in
-        the store), all on the host; computed once per micro-batch (a prefetching iterator
-        computes it ahead, into ``micro_batch.host``)."""
+    def describe(self) -> str:
+        where = f"{self.gib:.1f} GiB on {self.store.device}"
+        if self.spill.shape[0]:
+            where = (f"{self.device_gib:.1f} GiB on {self.store.device} + {self.host_gib:.1f} GiB in host memory "
+                     "(train.feature_cache_gib)")
+        return (f"feature cache: {int(self.offsets[-1]):,} tokens x {self.store.shape[1]} features, {where}; "
+                "target forwards stop once every conversation has been seen")
+
+    # -- host work (the prefetching thread calls these ahead of the step) --------------------
+    def layout(self, micro_batch) -> CacheLayout:
+        """The micro-batch's ``CacheLayout``, computed once (into ``micro_batch.host``)."""
         if "cache_layout" not in micro_batch.host:
             micro_batch.host["cache_layout"] = self._layout(micro_batch)
         return micro_batch.host["cache_layout"]
 
-    def _layout(self, micro_batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _layout(self, micro_batch) -> CacheLayout:
         docs = micro_batch.doc_ids
         if docs is None:  # one conversation per row, right-padded
             docs = torch.where(micro_batch.attention_mask.bool(), micro_batch.sample_ids[:, None], -1)
@@ -172,21 +205,53 @@ class SampleFeatureCache:
         real = docs >= 0
         slots = real.flatten().nonzero().squeeze(1)
         rows = (self.offsets[docs.clamp(min=0)] + positions).flatten()[slots]
-        return docs[real].unique(), slots, rows
+        split = self.store.shape[0]
+        here = rows < split
+        return CacheLayout(docs[real].unique(), slots[here], rows[here], slots[~here], rows[~here] - split)
 
+    def prefetch(self, micro_batch) -> None:
+        """Gather the micro-batch's spilled rows into pinned memory now, if all its conversations
+        are cached (rows, once written, never change; a conversation is marked cached only after
+        its rows are written, so a gather that sees the mark reads finished rows)."""
+        layout = self.layout(micro_batch)
+        if layout.spill_rows.numel() and bool(self.cached[layout.samples].all()):
+            micro_batch.host["cache_spill"] = self._gather_spill(layout)
+
+    def _gather_spill(self, layout: CacheLayout) -> torch.Tensor:
+        out = torch.empty(layout.spill_rows.numel(), self.spill.shape[1], dtype=self.spill.dtype, pin_memory=self.pin)
+        return torch.index_select(self.spill, 0, layout.spill_rows, out=out)
+
+    # -- the step ------------------------------------------------------------------------------
     def features(self, micro_batch, input_ids, attention_mask):
-        samples, slots, rows = self.layout(micro_batch)
-        device, width = input_ids.device, self.store.shape[1]
-        slots = slots.to(device, non_blocking=True)
-        rows = rows.to(self.store.device, non_blocking=True)
-        if bool(self.cached[samples].all()):
+        layout = self.layout(micro_batch)
+        if bool(self.cached[layout.samples].all()):
             self.hits += 1
-            out = torch.zeros(*input_ids.shape, width, dtype=self.store.dtype, device=device)
-            out.view(-1, width).index_copy_(0, slots, self.store.index_select(0, rows).to(device))
-            return out
+            return self._read(micro_batch, layout, input_ids)
         self.misses += 1
         features = self.source.features(micro_batch, input_ids, attention_mask)
-        real = features.reshape(-1, width).index_select(0, slots)
-        self.store.index_copy_(0, rows, real.to(self.store.device, self.store.dtype))
-        self.cached[samples] = True
+        self._write(layout, features)
+        self.cached[layout.samples] = True  # after the rows are written (see ``prefetch``)
         return features
+
+    def _read(self, micro_batch, layout: CacheLayout, input_ids) -> torch.Tensor:
+        device, width = input_ids.device, self.store.shape[1]
+        out = torch.zeros(*input_ids.shape, width, dtype=self.store.dtype, device=device)
+        flat = out.view(-1, width)
+        rows = layout.rows.to(self.store.device, non_blocking=True)
+        flat.index_copy_(0, layout.slots.to(device, non_blocking=True), self.store.index_select(0, rows).to(device))
+        if layout.spill_rows.numel():
+            spilled = micro_batch.host.pop("cache_spill", None)
+            if spilled is None:
+                spilled = self._gather_spill(layout)
+            flat.index_copy_(0, layout.spill_slots.to(device, non_blocking=True),
+                             spilled.to(device, non_blocking=self.pin))
+        return out
+
+    def _write(self, layout: CacheLayout, features: torch.Tensor) -> None:
+        flat = features.reshape(-1, self.store.shape[1])
+        real = flat.index_select(0, layout.slots.to(flat.device, non_blocking=True))
+        self.store.index_copy_(0, layout.rows.to(self.store.device, non_blocking=True),
+                               real.to(self.store.device, self.store.dtype))
+        if layout.spill_rows.numel():  # a synchronous copy: the rows must be written before they are marked
+            spilled = flat.index_select(0, layout.spill_slots.to(flat.device, non_blocking=True))
+            self.spill.index_copy_(0, layout.spill_rows, spilled.to("cpu", self.spill.dtype))

@@ -138,9 +138,8 @@ class Trainer:
                              "ranks); the disaggregated topology streams them: set train.feature_cache=off")
         width = len(self.drafter_cfg.target_layer_ids) * self.target.facts.hidden_size
         cache = SampleFeatureCache(source, self.dataset["length"], width, self.dtype,
-                                   self.device if where == "device" else "cpu")
-        self.echo(f"feature cache: {int(cache.offsets[-1]):,} tokens x {width} features, {cache.gib:.1f} GiB on "
-                  f"{cache.store.device}; target forwards stop once every conversation has been seen")
+                                   self.device if where == "device" else "cpu", self.cfg.train.feature_cache_gib)
+        self.echo(cache.describe())
         return cache
 
     def _graph_the_step(self, data_parallel) -> None:
@@ -228,7 +227,7 @@ class Trainer:
         feature cache's indices, its conversation count (all kept in ``micro_batch.host``)."""
         self.step.anchors(micro_batch)
         if isinstance(self.source, SampleFeatureCache):
-            self.source.layout(micro_batch)
+            self.source.prefetch(micro_batch)
         micro_batch.num_samples()
 
     # -- one step --------------------------------------------------------------------------
