@@ -149,6 +149,14 @@ if mode == "slow-save":
             print("SAVING", flush=True)
             time.sleep(60)
     checkpoint.save_file = slow
+if mode == "slow-final-save":  # no periodic saves: the first save is the final one
+    cfg = job(Path({tmp!r}), max_steps=5, keep_last=5)
+    original = checkpoint.save_file
+    def slow(*a, **k):
+        print("SAVING", flush=True)
+        time.sleep(5)
+        original(*a, **k)
+    checkpoint.save_file = slow
 def echo(*a):
     print(*a, flush=True)
 train(config_from_dict(cfg), target=tiny_target(), echo=echo)
@@ -187,6 +195,21 @@ def test_sigterm_finishes_the_step_saves_and_exits_zero(tmp_path):
     newest = latest_checkpoint(tmp_path / "run")
     state = json.loads((newest / "trainer_state.json").read_text())
     assert state["counters"]["step"] >= 4 and newest.name.endswith(f"{state['counters']['step']:08d}")
+
+
+def test_sigterm_during_the_final_save_lets_it_finish(tmp_path):
+    """A wall-clock limit that sends SIGTERM while the last checkpoint is being written (seen on the
+    H200: a run's time budget ended, then the command's own limit) must not kill the save."""
+    proc = _spawn(tmp_path, "slow-final-save")
+    _wait_for(proc, "SAVING")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "finishing the final save" in out and "EXITED" in out
+    run = tmp_path / "run"
+    assert [p.name for p in complete_checkpoints(run)] == ["step-00000005"]
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    assert json.loads((run / "summary.json").read_text())["steps"] == 5
 
 
 def test_sigkill_while_saving_leaves_previous_checkpoint(tmp_path):
