@@ -183,6 +183,7 @@ class SampleFeatureCache:
                 "host_gib": round(self.host_gib, 2)}
 
     def describe(self) -> str:
+        """One line for the run's log: the cache's size and where it lives."""
         where = f"{self.gib:.1f} GiB on {self.store.device}"
         if self.spill.shape[0]:
             where = (f"{self.device_gib:.1f} GiB on {self.store.device} + {self.host_gib:.1f} GiB in host memory "
