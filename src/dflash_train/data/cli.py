@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     regen.add_argument("--max-batch", type=int, default=1024, help="static backend: rows per decode bucket")
     regen.add_argument("--gen-mode", choices=["auto", "eager", "cudagraph", "compile"], default="auto",
                        help="static backend: decode step on CUDA (auto = cudagraph; CPU is always eager)")
+    regen.add_argument("--compact", action="store_true",
+                       help="static backend: once at most half of a bucket's rows still run, continue them at a "
+                            "smaller batch (same answers; decoding/batched.py)")
     regen.set_defaults(func=cmd_regenerate)
 
     data = subparsers.add_parser("data", help="data tools")
@@ -78,7 +81,7 @@ def cmd_regenerate(args) -> int:
         from dflash_train.decoding.batched import StaticCacheGenerator
 
         generator = StaticCacheGenerator(args.target, dtype=args.dtype, device=args.device,
-                                         max_batch=args.max_batch, mode=args.gen_mode)
+                                         max_batch=args.max_batch, mode=args.gen_mode, compact=args.compact)
     else:
         generator = HFGenerator(args.target, dtype=args.dtype, device=args.device)
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.thinking)
@@ -91,7 +94,7 @@ def cmd_regenerate(args) -> int:
     if stats is not None:
         print(f"static backend: {stats.new_tokens} new tokens in {stats.seconds:.1f}s generate time "
               f"({stats.tokens_per_s:.0f} tok/s; prefill {stats.prefill_seconds:.1f}s, {stats.buckets} buckets, "
-              f"mode={generator.mode})")
+              f"mode={generator.mode}; {stats.row_steps} row-steps, {stats.compactions} compactions)")
     return 0
 
 

@@ -24,7 +24,8 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=256)
     ap.add_argument("--modes", default="cudagraph,eager",
                     help="comma list of static modes to time; a ':stock' suffix keeps HF's SDPA attention "
-                         "(K/V repeated per query head) instead of the grouped decode attention")
+                         "(K/V repeated per query head) instead of the grouped decode attention, ':compact' "
+                         "continues a bucket's running rows at a smaller batch once half have finished")
     ap.add_argument("--check", type=int, default=64, help="prompts compared with HF greedy")
     args = ap.parse_args()
     ps = PromptSet()
@@ -36,7 +37,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         base, _, variant = mode.partition(":")
         g = StaticCacheGenerator(args.target, device="cuda", max_batch=args.batch, mode=base,
-                                 grouped_attention=variant != "stock")
+                                 grouped_attention=variant != "stock", compact=variant == "compact")
         g.generate(convs[: min(64, len(convs))], SamplingParams(max_new_tokens=8))  # warm-up / capture
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -44,7 +45,8 @@ def main() -> None:
         dt = time.perf_counter() - t
         toks = sum(o.num_tokens for o in out)
         print(f"static[{mode}]: {toks} tokens in {dt:.1f}s = {toks / dt:.0f} tok/s "
-              f"(prefill {g.stats.prefill_seconds:.1f}s)", flush=True)
+              f"(prefill {g.stats.prefill_seconds:.1f}s, {g.stats.row_steps} row-steps, "
+              f"{g.stats.compactions} compactions)", flush=True)
         results[mode] = out
     hf = HFGenerator(args.target, device="cuda")
     t = time.perf_counter()

@@ -25,6 +25,9 @@ DEVICE=${DEVICE:-cuda}
 SEED=${SEED:-0}
 SEED_PROMPTS=${SEED_PROMPTS:-1}
 EXCLUDE=${EXCLUDE:-}
+# COMPACT=1: regenerate --compact (a bucket's running rows continue at a smaller batch once half have
+# finished: the same answers; not yet timed on a GPU)
+COMPACT=${COMPACT:-0}
 mkdir -p "$OUT"
 stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
@@ -48,7 +51,8 @@ cat "$OUT/seeds.jsonl" "$OUT/synth.jsonl" | awk -v n="$NGPU" -v d="$OUT" '{print
 for g in $(seq 0 $((NGPU - 1))); do
   CUDA_VISIBLE_DEVICES=$g timeout --signal=INT "$REGEN_SECONDS" $DFT regenerate --target "$TARGET" \
     --data "$OUT/shard-$g.jsonl" --out "$OUT/greedy-$g.jsonl" --backend static --max-new-tokens "$MAX_NEW" \
-    --batch-size 2048 --max-batch "$GEN_BATCH" --device "$DEVICE" > "$OUT/regen-$g.log" 2>&1 &
+    --batch-size 2048 --max-batch "$GEN_BATCH" --device "$DEVICE" $([ "$COMPACT" = 1 ] && echo --compact) \
+    > "$OUT/regen-$g.log" 2>&1 &
 done
 wait || true
 stage "greedy done ($(cat "$OUT"/greedy-*.jsonl | wc -l) responses)"
