@@ -149,15 +149,25 @@ class SampleFeatureCache:
         self.offsets[1:] = lengths.cumsum(0)
         total = int(self.offsets[-1])
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
-        self.gib = total * row_bytes / 2**30
         device = torch.device(device)
         on_device = total if device_gib is None else min(total, int(device_gib * 2**30) // row_bytes)
         self.store = self._allocate(on_device, width, dtype, device)
         self.spill = self._allocate(total - on_device, width, dtype, torch.device("cpu"))
-        self.device_gib, self.host_gib = on_device * row_bytes / 2**30, (total - on_device) * row_bytes / 2**30
         self.pin = device.type == "cuda"  # host rows go through pinned memory to a CUDA store
         self.cached = torch.zeros(len(lengths), dtype=torch.bool)
         self.hits = self.misses = 0
+
+    @property
+    def device_gib(self) -> float:
+        return _gib(self.store)
+
+    @property
+    def host_gib(self) -> float:
+        return _gib(self.spill)
+
+    @property
+    def gib(self) -> float:
+        return self.device_gib + self.host_gib
 
     @staticmethod
     def _allocate(tokens: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -256,3 +266,7 @@ class SampleFeatureCache:
         if layout.spill_rows.numel():  # a synchronous copy: the rows must be written before they are marked
             spilled = flat.index_select(0, layout.spill_slots.to(flat.device, non_blocking=True))
             self.spill.index_copy_(0, layout.spill_rows, spilled.to("cpu", self.spill.dtype))
+
+
+def _gib(t: torch.Tensor) -> float:
+    return t.numel() * t.element_size() / 2**30

@@ -129,26 +129,26 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
     started = time.perf_counter()
     result = trainer.run(on_step_end)
     trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
-    late: list[str] = []  # signals that came during the final save: it finishes (the run's policy), no final eval
+    late: list[str] = []  # signals after the last step: what is in flight finishes, the final eval is skipped
 
-    def finish_the_save(name: str) -> None:
+    def finish_in_flight(name: str) -> None:
         late.append(name)
-        trainer.echo(f"signal {name}: finishing the final save")
+        trainer.echo(f"signal {name}: finishing the final save and summary")
 
-    with StopOnSignals(finish_the_save):
+    with StopOnSignals(finish_in_flight):  # the run's policy holds to the end, not only in the loop
         final = save_checkpoint(trainer)
-    summary.update(_curve_summary([r for r in earlier if "loss" in r] + result["history"]))
-    summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
-    if trainer.counters.bad_steps:
-        summary["bad_steps"] = trainer.counters.bad_steps
-    if "feature_cache" in result:
-        summary["feature_cache"] = result["feature_cache"]
-    if evaluator is not None and not result["stopped_early"] and not late:
-        summary["tau_after"] = evaluator(trainer)
-    trainer.logger.close()
-    if trainer.ranks.is_main:
-        (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
-        prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
+        summary.update(_curve_summary([r for r in earlier if "loss" in r] + result["history"]))
+        summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
+        if trainer.counters.bad_steps:
+            summary["bad_steps"] = trainer.counters.bad_steps
+        if "feature_cache" in result:
+            summary["feature_cache"] = result["feature_cache"]
+        if evaluator is not None and not result["stopped_early"] and not late:
+            summary["tau_after"] = evaluator(trainer)
+        trainer.logger.close()
+        if trainer.ranks.is_main:
+            (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
+            prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
     if result["stopped_early"]:
         trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
                      f"continue with the same config and train.resume=auto")
