@@ -52,6 +52,10 @@ class DataConfig:
     # Cut answers that end in a repetition loop down to two periods of the loop (data/loops.py):
     # trivially predictable tokens that inflate the training accuracy and cost compute.
     trim_loops: bool = False
+    # Skip conversations whose answers are mostly copies of what precedes them: prompt lookup
+    # (n-gram speculation, data/lookup.py) would draft more than this many tokens per step of
+    # them (1.0: nothing copied). Null: keep all. Counted as "mostly_copied" in the data report.
+    max_lookup_tau: float | None = None
     # Steps a background thread collates and prepares (anchors, feature-cache indices) ahead of
     # the trainer (data/prefetch.py); 0: on the training thread. Training is the same either way.
     prefetch_steps: int = 2
@@ -75,6 +79,9 @@ class DataConfig:
         for name in ("pack", "trim_loops"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"data.{name}: expected true or false, got {getattr(self, name)!r}")
+        mlt = self.max_lookup_tau
+        if mlt is not None and (not isinstance(mlt, int | float) or isinstance(mlt, bool) or not mlt >= 1):
+            raise ValueError(f"data.max_lookup_tau: expected a number >= 1 (tokens per step) or null, got {mlt!r}")
         nw = self.num_workers
         if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 0):
             raise ValueError(f"data.num_workers: expected a non-negative integer or null, got {nw!r}")
@@ -92,7 +99,8 @@ class DataConfig:
 
 def tokenize_options(cfg: DataConfig, block_size: int) -> TokenizeOptions:
     mst = 2 * block_size if cfg.min_supervised_tokens is None else cfg.min_supervised_tokens
-    return TokenizeOptions(cfg.max_length, cfg.supervise, cfg.keep_reasoning, mst, cfg.trim_loops)
+    return TokenizeOptions(cfg.max_length, cfg.supervise, cfg.keep_reasoning, mst, cfg.trim_loops,
+                           None if cfg.max_lookup_tau is None else float(cfg.max_lookup_tau))
 
 
 def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[datasets.Dataset, SkipReport]:

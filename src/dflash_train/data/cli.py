@@ -50,6 +50,9 @@ def register(subparsers) -> None:
     insp.add_argument("--strict", action="store_true")
     insp.add_argument("--trim-loops", action="store_true",
                       help="cut answers ending in a repetition loop to two periods (data.trim_loops)")
+    insp.add_argument("--max-lookup-tau", type=float, default=None,
+                      help="skip answers that prompt lookup drafts at more than this many tokens per step "
+                           "(data.max_lookup_tau)")
     insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None)
     insp.set_defaults(func=cmd_inspect)
 
@@ -121,7 +124,7 @@ def cmd_inspect(args) -> int:
     cfg = DataConfig(paths=args.data, max_length=args.max_length, supervise=args.supervise,
                      keep_reasoning=not args.no_reasoning, min_supervised_tokens=args.min_supervised_tokens,
                      strict=args.strict, cache_dir=args.cache_dir, token_budget=max(8192, args.max_length),
-                     trim_loops=args.trim_loops)
+                     trim_loops=args.trim_loops, max_lookup_tau=args.max_lookup_tau)
     dataset, report = load_tokenized(cfg, tokenizer, args.block_size)
     color = sys.stdout.isatty() if args.color is None else args.color
     print(inspect_dataset(dataset, report, tokenizer, args.index, color))

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import DataError, SkipReport, handle
+from .lookup import lookup_tau
 from .loops import trim_looping_tails
 from .readers import Record
 
@@ -39,12 +40,15 @@ class TokenizeOptions:
     keep_reasoning: bool = True
     min_supervised_tokens: int = 32
     trim_loops: bool = False  # data/loops.py: cut answers that end in a repetition loop
+    max_lookup_tau: float | None = None  # data/lookup.py: skip answers that are mostly copies
 
     def key(self) -> dict:
         key = {"max_length": self.max_length, "supervise": self.supervise,
                "keep_reasoning": self.keep_reasoning, "min_supervised_tokens": self.min_supervised_tokens}
         if self.trim_loops:  # only when on: caches built before the option existed stay valid
             key["trim_loops"] = True
+        if self.max_lookup_tau is not None:
+            key["max_lookup_tau"] = self.max_lookup_tau
         return key
 
 
@@ -162,6 +166,10 @@ def tokenize_conversation(tokenizer, messages: list[dict], opts: TokenizeOptions
     if n < opts.min_supervised_tokens:
         raise DataError(location, "messages", "too_few_supervised",
                         f"{n} supervised tokens < min_supervised_tokens={opts.min_supervised_tokens}")
+    if opts.max_lookup_tau is not None and (copied := lookup_tau(ids, mask)) > opts.max_lookup_tau:
+        raise DataError(location, "messages", "mostly_copied",
+                        f"prompt lookup drafts {copied:.2f} tokens per step of the answer > "
+                        f"max_lookup_tau={opts.max_lookup_tau:g}")
     return ids, mask, tuple(trimmed)
 
 

@@ -157,11 +157,13 @@ def build_blocks(
     mask_token_id: int,
     gamma: float,
     doc_ids: torch.Tensor | None = None,
+    last_position: int | None = None,
 ) -> Blocks:
     """Spec 2.3 and 2.6: block tokens, positions, same-position labels, weights.
 
     Block position ``k >= 1`` predicts ``x[a_j + k]``; it counts only if
-    ``a_j + k < S`` and ``loss_mask[a_j + k]`` (and the block is kept), and, in packed
+    ``a_j + k < S`` and ``loss_mask[a_j + k]`` (and the block is kept), ``k <=
+    last_position`` (``train.loss_positions``; None: every position), and, in packed
     rows (``doc_ids`` given), ``x[a_j + k]`` is in the anchor's conversation. Positions
     are then the conversation's own (restarting at 0), not the row's.
     """
@@ -172,7 +174,8 @@ def build_blocks(
     gather_at = index.clamp(max=seq - 1).flatten(1)
     labels = input_ids.gather(1, gather_at).view_as(index)
     supervised = loss_mask.gather(1, gather_at).view_as(index) > 0
-    valid = in_range & supervised & keep.unsqueeze(-1) & (offsets > 0)
+    last = block_size - 1 if last_position is None else last_position
+    valid = in_range & supervised & keep.unsqueeze(-1) & (offsets > 0) & (offsets <= last)
     positions, context_positions, starts = index, None, None
     if doc_ids is not None:
         row_starts, context_positions = document_layout(doc_ids)

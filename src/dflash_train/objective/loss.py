@@ -177,8 +177,8 @@ class LossOutput:
 
     weighted_ce: torch.Tensor  # scalar, sum of w * CE
     weight_sum: torch.Tensor  # scalar, sum of w
-    correct: torch.Tensor  # [rows, A, B-1] bool, argmax == label (positions 1..B-1)
-    valid: torch.Tensor  # [rows, A, B-1] bool
+    correct: torch.Tensor  # [rows, A, K] bool, argmax == label (positions 1..K; K = B-1 unless limited)
+    valid: torch.Tensor  # [rows, A, K] bool
 
 
 def dflash_loss(
@@ -191,17 +191,21 @@ def dflash_loss(
     target_hidden: torch.Tensor | None = None,
     distill: float = 0.0,
     compiled: bool = False,
+    last_position: int | None = None,
 ) -> LossOutput:
     """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B].
 
     ``target_hidden`` [rows, A, B-1, h] (distillation only): the target's final hidden
     state at the position predicting each label of positions 1..B-1 (see
-    ``blocks.predicting_positions``)."""
+    ``blocks.predicting_positions``). ``last_position`` (None: B - 1): only positions
+    1..last_position reach the lm_head (their labels must be the only valid ones: the
+    blocks were built with the same limit); ``correct``/``valid`` then have that many."""
     rows, num_blocks, block_size = labels.shape
-    hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:]
-    labels, weights, valid = labels[:, :, 1:], weights[:, :, 1:], valid[:, :, 1:]
+    end = block_size if last_position is None else last_position + 1
+    hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:end]
+    labels, weights, valid = labels[:, :, 1:end], weights[:, :, 1:end], valid[:, :, 1:end]
     if target_hidden is not None:
-        target_hidden = target_hidden.reshape(-1, target_hidden.shape[-1])
+        target_hidden = target_hidden[:, :, : end - 1].reshape(-1, target_hidden.shape[-1])
     weighted_ce, argmax = chunked_weighted_ce(
         hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size,
         target_hidden, distill, compiled,

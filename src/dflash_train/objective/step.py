@@ -25,12 +25,25 @@ class ObjectiveOptions:
     loss_chunk_size: int = 4096
     distill: float = 0.0  # > 0: soft targets from the target's own next-token distribution (train.distill)
     compiled_loss: bool = False  # the loss chunks through torch.compile (the trainer's choice on CUDA)
+    # Block positions 1..loss_positions carry the loss (train.loss_positions; None: all B - 1). The later
+    # ones still run through the drafter (the block attends to itself) but skip the lm_head entirely.
+    loss_positions: int | None = None
+
+    def __post_init__(self):
+        if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
+            raise ValueError(f"train.loss_positions must be in 1..block_size - 1 = {self.block_size - 1} "
+                             f"(null: all), got {self.loss_positions}")
+
+    @property
+    def last_position(self) -> int:
+        """The last block position with a label: ``loss_positions``, or B - 1."""
+        return self.block_size - 1 if self.loss_positions is None else self.loss_positions
 
 
 def make_blocks(input_ids, loss_mask, anchors, keep, opts: ObjectiveOptions, doc_ids=None) -> Blocks:
     """``doc_ids``: packed micro-batches' per-token conversation ids (None: one per row)."""
     return build_blocks(input_ids, loss_mask, anchors, keep, opts.block_size, opts.mask_token_id, opts.gamma,
-                        doc_ids)
+                        doc_ids, opts.last_position)
 
 
 def drafter_loss(
@@ -64,4 +77,4 @@ def drafter_loss(
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     soft = predicting_states(blocks, target_hidden) if opts.distill > 0 else None
     return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, soft,
-                       opts.distill, opts.compiled_loss)
+                       opts.distill, opts.compiled_loss, opts.last_position)

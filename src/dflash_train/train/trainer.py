@@ -200,6 +200,7 @@ class Trainer:
             loss_chunk_size=t.loss_chunk_size,
             distill=t.distill,
             compiled_loss=self.compiled,
+            loss_positions=t.loss_positions,
         )
 
     def _build_data(self) -> None:
