@@ -30,48 +30,45 @@ def lookup_tau(ids: list[int], mask: list[int], max_ngram: int = MAX_NGRAM, num_
     """
     latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
     indexed = 0  # every n-gram ending before this index is in ``latest``
-    steps = committed = 0
-    p, n = 0, len(ids)
-    while p < n:
-        if not mask[p]:
-            p += 1
-            continue
+
+    def draft_at(p: int) -> list[int]:
+        nonlocal indexed
         for end in range(indexed, p):  # n-grams ending at end (exclusive) <= p - 1: never the key itself
             for m in range(1, min(max_ngram, end) + 1):
                 latest[m][tuple(ids[end - m:end])] = end
         indexed = max(indexed, p)
-        draft: list[int] = []
         for m in range(min(max_ngram, p), 0, -1):
             start = latest[m].get(tuple(ids[p - m:p]))
             if start is not None:
-                draft = ids[start:min(start + num_draft, p)]
-                break
-        accepted = 0
-        while accepted < len(draft) and p + accepted < n and mask[p + accepted] and ids[p + accepted] == draft[accepted]:
-            accepted += 1
-        bonus = 1 if p + accepted < n and mask[p + accepted] else 0
-        committed += accepted + bonus
-        steps += 1
-        p += accepted + 1
-    return committed / steps if steps else 1.0
+                return ids[start:min(start + num_draft, p)]
+        return []
+
+    return _walk(ids, mask, draft_at)
 
 
 def reference_lookup_tau(ids: list[int], mask: list[int], max_ngram: int = MAX_NGRAM,
                          num_draft: int = NUM_DRAFT) -> float:
-    """The same walk by brute force (a backward scan for every key): the test reference."""
+    """The same walk with each draft found by brute force (a backward scan per key): the test reference."""
+
+    def draft_at(p: int) -> list[int]:
+        for m in range(min(max_ngram, p), 0, -1):
+            hits = [end for end in range(m, p) if ids[end - m:end] == ids[p - m:p]]
+            if hits:
+                return ids[hits[-1]:min(hits[-1] + num_draft, p)]
+        return []
+
+    return _walk(ids, mask, draft_at)
+
+
+def _walk(ids: list[int], mask: list[int], draft_at) -> float:
+    """Greedy verification of ``draft_at(p)`` at each step start ``p``: committed supervised tokens / steps."""
     steps = committed = 0
     p, n = 0, len(ids)
     while p < n:
         if not mask[p]:
             p += 1
             continue
-        draft: list[int] = []
-        for m in range(min(max_ngram, p), 0, -1):
-            key = ids[p - m:p]
-            hits = [end for end in range(m, p) if ids[end - m:end] == key]
-            if hits:
-                draft = ids[hits[-1]:min(hits[-1] + num_draft, p)]
-                break
+        draft = draft_at(p)
         accepted = 0
         while accepted < len(draft) and p + accepted < n and mask[p + accepted] and ids[p + accepted] == draft[accepted]:
             accepted += 1

@@ -117,19 +117,21 @@ def plot(series: list[Series], goals: list[float], out: Path, title: str) -> Non
     lo = min(min(x.minutes) for x in series) / 1.5
     hi = max([*(max(x.minutes) for x in series), *needs]) * 1.5
     grid = [lo * (hi / lo) ** (i / 99) for i in range(100)]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    entries = len(series) + len(fits)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2 + 0.16 * entries))  # the legend sits below the axes
+    colors = plt.get_cmap("tab20").colors  # a point colour and its fit's lighter pair, 10 series apart
     for i, x in enumerate(series):
         name = x.label or "held-out tau"
-        ax.plot(x.minutes, x.taus, "os^v"[i % 4], color=f"C{2 * i}", label=f"{name} (one run each)")
+        ax.plot(x.minutes, x.taus, "os^v"[i % 4], color=colors[2 * i % 20], label=f"{name} (one run each)")
         if x.fit is not None:
             f = x.fit
-            ax.plot(grid, [f.tau_at(g) for g in grid], "--", color=f"C{2 * i + 1}",
+            ax.plot(grid, [f.tau_at(g) for g in grid], "--", color=colors[(2 * i + 1) % 20],
                     label=f"fit: tau = {f.intercept:.2f} + {f.slope:.2f} log10(GPU-min), R^2 {f.r2:.2f}")
             for goal in goals:
                 need = f.minutes_for(goal)
                 if need:
                     ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min", (need, goal), textcoords="offset points",
-                                xytext=(-10, -12 - 10 * i), ha="right", fontsize=8, color=f"C{2 * i + 1}")
+                                xytext=(-10, -12 - 10 * i), ha="right", fontsize=8, color=colors[2 * i % 20])
     for goal in goals:
         ax.axhline(goal, color="grey", lw=0.8)
     ax.set_xscale("log")
@@ -137,7 +139,7 @@ def plot(series: list[Series], goals: list[float], out: Path, title: str) -> Non
     ax.set_ylabel("held-out tau (B = 16, greedy)")
     ax.set_title(title + " (lines extrapolated)", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

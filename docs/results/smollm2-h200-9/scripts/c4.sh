@@ -1,0 +1,13 @@
+#!/bin/bash
+# call 4: the main run's held-out evaluations (first 24 prompts, static engine: CUDA graphs, fused
+# projections, the draft step compiled; fp32 with split-K, then bf16; lossless check; speedup)
+set -u
+source .gpu/s/env.sh
+trap '(cd $K && tar czf $OUT/c4.tgz --ignore-failed-read main/eval24/eval.json main/eval24/eval.log main/eval24/eval.png main/eval24/export.log main/eval24-bf16/eval.json main/eval24-bf16/eval.log 2>/dev/null)' EXIT
+EV="--limit 24 --compile --compile-steps draft --fuse-projections"
+timeout $(( $(left) - 75 )) bash .gpu/s/evalrun.sh $K/main/run $K/main/eval24 $EV --linear splitk
+grep -E "tau|speedup|lossless|tok/s| ms|warn|fail" $K/main/eval24/eval.log | head -24
+stage "main eval fp32"
+DTYPE=bfloat16 timeout $(( $(left) - 6 )) bash .gpu/s/evalrun.sh $K/main/run $K/main/eval24-bf16 $EV
+grep -E "tau|speedup|lossless|tok/s| ms|warn|fail" $K/main/eval24-bf16/eval.log | head -24
+stage "main eval bf16"
