@@ -81,6 +81,10 @@ class TrainConfig:
     # every position costs an lm_head product over the whole vocabulary; later positions still run
     # through the drafter's layers (the block attends to itself), they just get no label.
     loss_positions: int | None = None
+    # Multiply each position's loss weight by the drafter's own (detached) probability that greedy
+    # verification reaches it: the product of its probabilities of the labels at the block's earlier
+    # positions (objective/loss.py). Positions after a likely miss, which tau never uses, then teach less.
+    reach_weighting: bool = False
     device: str = "auto"
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
@@ -153,6 +157,10 @@ class TrainConfig:
         lp = self.loss_positions
         if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or lp < 1):
             raise ValueError(f"train.loss_positions must be a positive integer or null (all), got {lp!r}")
+        if not isinstance(self.reach_weighting, bool):
+            raise ValueError(f"train.reach_weighting must be true or false, got {self.reach_weighting!r}")
+        if self.reach_weighting and self.distill > 0:
+            raise ValueError("train.reach_weighting does not combine with train.distill > 0 (soft targets)")
         if self.drafter_init not in ("random", "target"):
             raise ValueError(f"train.drafter_init must be 'random' or 'target', got {self.drafter_init!r}")
         if self.drafter_init == "target" and self.init_from:

@@ -134,21 +134,33 @@ def test_target_forward_as_cuda_graph_equals_eager():
     assert graphed.enabled and graphed.replays == 3 and len(graphed.graphs) == 1
 
 
-def test_compiled_loss_equals_eager_on_cuda():
+@pytest.mark.parametrize("reach_block", [0, 8], ids=["plain", "reach"])
+def test_compiled_loss_equals_eager_on_cuda(reach_block):
     """The chunked CE through torch.compile (the trainer's default on CUDA) against the eager chunks:
-    the same weighted loss, input gradient and argmax in bf16, SmolLM2's vocabulary."""
+    the same weighted loss, input gradient and argmax in bf16, SmolLM2's vocabulary; also with
+    ``train.reach_weighting`` (blocks of 8 positions)."""
     from dflash_train.objective.loss import chunked_weighted_ce
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    n, h, vocab = 5000, 576, 49152
-    head = (torch.randn(vocab, h, device="cuda", generator=g) * 0.05).bfloat16()
+    n, h, vocab = 5000 if not reach_block else 5000 // reach_block * reach_block, 576, 49152
+    # reach: a sharper head and the labels of each block's first 6 positions at the argmax (p ~ 0.37),
+    # so the reach factors spread over (0, 1]
+    head = (torch.randn(vocab, h, device="cuda", generator=g) * (0.2 if reach_block else 0.05)).bfloat16()
     labels = torch.randint(0, vocab, (n,), device="cuda", generator=g)
     weights = torch.rand(n, device="cuda", generator=g)
+
+    def make_hidden():
+        x = torch.randn(n, h, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+        return x.bfloat16()
+
+    if reach_block:
+        first = torch.arange(n, device="cuda") % reach_block < reach_block - 2
+        labels[first] = (make_hidden()[first] @ head.t()).argmax(-1)
     out = {}
     for compiled in (False, True):
-        hidden = torch.randn(n, h, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
-        hidden = hidden.bfloat16().requires_grad_()
-        loss, argmax = chunked_weighted_ce(hidden, head, labels, weights, 2048, compiled=compiled)
+        hidden = make_hidden().requires_grad_()
+        loss, argmax = chunked_weighted_ce(hidden, head, labels, weights, 2048, compiled=compiled,
+                                           reach_block=reach_block)
         loss.backward()
         out[compiled] = (loss.detach(), argmax, hidden.grad)
     torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-3, atol=1e-2)
@@ -158,12 +170,15 @@ def test_compiled_loss_equals_eager_on_cuda():
 
 @pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
                     reason="the chat test target takes assets/smollm2's tokenizer")
-@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
-def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack):
+@pytest.mark.parametrize("pack,objective", [(True, {}), (False, {}),
+                                            (True, {"loss_positions": 2, "reach_weighting": True})],
+                         ids=["packed", "unpacked", "packed-k2-reach"])
+def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     """The trainer's whole step replayed as one CUDA graph (real capture: compiled drafter layers,
     flex_attention, the compiled loss, bf16 autocast, fused AdamW with the LR in a device tensor)
     trains as the eager step does: the same per-step losses and weights after 14 steps, with the LR
-    schedule moving every step. Packed rows replay every step after the warm-up."""
+    schedule moving every step. Packed rows replay every step after the warm-up. Also with the loss
+    on the first positions only and reach weighting (``train.loss_positions``, ``reach_weighting``)."""
     from dflash_train.config import config_from_dict
     from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.trainer import Trainer
@@ -171,7 +186,7 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack):
     out = {}
     for graphed in (False, True):
         job = tiny_chat_job(tmp_path / str(graphed), max_steps=14, device="cuda", num_anchors=16,
-                            cuda_graph_step=graphed, log_every=1)
+                            cuda_graph_step=graphed, log_every=1, **objective)
         job["data"]["pack"] = pack
         job["target"]["dtype"] = "bfloat16"
         target = tiny_chat_target(REPO / "assets" / "smollm2")

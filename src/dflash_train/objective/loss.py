@@ -7,6 +7,10 @@ activation checkpointing would rebuild every chunk's logits in backward: a third
 lm_head pass that the frozen head makes unnecessary.) The anchor position (k = 0)
 never has a label, so it is sliced away before the lm_head.
 
+With ``train.reach_weighting`` each position's weight is also multiplied by the drafter's
+own (detached) probability that greedy verification reaches it: the product of its
+probabilities of the labels at the block's earlier positions (see ``_reach``).
+
 With ``train.distill`` > 0 each label's target is soft, ``(1 - distill) * onehot +
 distill * softmax(target logits)``, the target's logits built chunk by chunk from its
 final hidden states at the predicting positions through the same frozen lm_head.
@@ -31,17 +35,37 @@ import torch
 import torch.nn.functional as F
 
 
-def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool):
+def _reach(ce: torch.Tensor, block_positions: int) -> torch.Tensor:
+    """The probability that verification reaches each position: ``prod_{i<j} p_i`` per block.
+
+    ``ce`` [blocks * block_positions] holds each position's CE, so ``p = exp(-ce)`` is the
+    drafter's probability of the label there; a block's positions are contiguous. Position 1
+    is always reached (1). Detached: the factor weighs the CE, it is not itself optimized.
+    Why: greedy verification accepts position j only if positions 1..j-1 were right, so
+    the CE of a position after a likely miss teaches what tau never uses; with this factor,
+    sum_j reach_j * CE_j follows the drafter's own acceptance block by block, where a fixed
+    decay over positions follows only the average one.
+    """
+    p = torch.exp(-ce.detach().float()).view(-1, block_positions)
+    reached = torch.cumprod(p, dim=1)
+    return torch.cat([torch.ones_like(reached[:, :1]), reached[:, :-1]], dim=1).reshape(-1)
+
+
+def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool, reach_block: int = 0):
     """One chunk: weighted CE sum, argmax, and (optionally) d(sum w*CE)/d(hidden).
 
     The lm_head is frozen, so the only gradient needed is the input gradient
     ``(softmax - onehot) * w @ W``; computing it here, while the logits exist, saves
     rebuilding them in backward (a third lm_head pass under plain checkpointing).
+    ``reach_block`` > 0 (``train.reach_weighting``): the chunk holds whole blocks of that many
+    positions, and each weight is multiplied by ``_reach`` before the sum and the gradient.
     """
     logits = (hidden.to(lm_head.dtype) @ lm_head.t()).float()
     lse = torch.logsumexp(logits, dim=-1)
     ce = lse - logits.gather(1, labels.unsqueeze(1)).squeeze(1)
     argmax = logits.argmax(dim=-1)
+    if reach_block:
+        weights = weights * _reach(ce, reach_block)
     grad = None
     if want_grad:
         probs = torch.exp(logits - lse.unsqueeze(1))
@@ -110,7 +134,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, lm_head, labels, weights, chunk_size, target_hidden=None, distill=0.0,
-                compiled=False):
+                compiled=False, reach_block=0):
         want_grad = hidden.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         argmaxes, grads = [], []
@@ -118,7 +142,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         chunk_fn = _compiled(chunk_fn) if compiled else chunk_fn
         for start in range(0, hidden.shape[0], chunk_size):
             part = slice(start, start + chunk_size)
-            soft = () if target_hidden is None else (target_hidden[part], distill)
+            soft = (reach_block,) if target_hidden is None else (target_hidden[part], distill)
             loss, argmax, grad = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *soft)
             total = total + loss
             argmaxes.append(argmax)
@@ -131,7 +155,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, _grad_argmax):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None
 
 
 def chunked_weighted_ce(
@@ -143,6 +167,7 @@ def chunked_weighted_ce(
     target_hidden: torch.Tensor | None = None,
     distill: float = 0.0,
     compiled: bool = False,
+    reach_block: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``(sum_i w_i * CE_i, argmax_i)`` over flattened positions.
 
@@ -152,23 +177,31 @@ def chunked_weighted_ce(
     the position predicting each label; CE_i is then against the soft target
     ``(1 - distill) * onehot + distill * softmax(target_hidden_i @ W^T)`` (no gradient
     flows into the target's side). ``compiled``: each chunk through ``torch.compile`` (the
-    trainer's choice on CUDA; same values up to float rounding).
+    trainer's choice on CUDA; same values up to float rounding). ``reach_block`` > 0: the rows
+    are blocks of that many consecutive positions, and w_i is multiplied by the drafter's
+    probability of reaching position i (``_reach``; chunks then hold whole blocks).
     """
     if lm_head.requires_grad:
         raise ValueError("the lm_head is frozen in DFlash training; got one that requires grad")
     if target_hidden is not None:
         target_hidden = target_hidden.detach()
-    chunk = _even_chunk(hidden.shape[0], chunk_size)
+        if reach_block:
+            raise ValueError("train.reach_weighting does not combine with train.distill")
+    if reach_block and hidden.shape[0] % reach_block:
+        raise ValueError(f"{hidden.shape[0]} rows are not whole blocks of {reach_block} positions")
+    chunk = _even_chunk(hidden.shape[0], chunk_size, max(1, reach_block))
     return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk, target_hidden,
-                                            float(distill), compiled)
+                                            float(distill), compiled, int(reach_block))
 
 
-def _even_chunk(rows: int, chunk_size: int) -> int:
+def _even_chunk(rows: int, chunk_size: int, align: int = 1) -> int:
     """The chunk size that splits ``rows`` into as many chunks as ``chunk_size`` would, as
     evenly as possible (15,360 rows at 4,096: four chunks of 3,840, not three of 4,096 and one of
-    3,072), so a compiled chunk usually sees one shape."""
+    3,072), so a compiled chunk usually sees one shape; a multiple of ``align`` (rows are whole
+    groups of ``align``: a chunk never cuts one)."""
     chunks = max(1, -(-rows // chunk_size))
-    return -(-rows // chunks)
+    groups = -(-rows // align)
+    return -(-groups // chunks) * align
 
 
 @dataclass
@@ -192,6 +225,7 @@ def dflash_loss(
     distill: float = 0.0,
     compiled: bool = False,
     last_position: int | None = None,
+    reach_weighting: bool = False,
 ) -> LossOutput:
     """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B].
 
@@ -199,7 +233,9 @@ def dflash_loss(
     state at the position predicting each label of positions 1..B-1 (see
     ``blocks.predicting_positions``). ``last_position`` (None: B - 1): only positions
     1..last_position reach the lm_head (their labels must be the only valid ones: the
-    blocks were built with the same limit); ``correct``/``valid`` then have that many."""
+    blocks were built with the same limit); ``correct``/``valid`` then have that many.
+    ``reach_weighting``: each weight times the drafter's probability of reaching that position
+    (``_reach``); ``weight_sum`` stays the sum of the plain weights (what the trainer divides by)."""
     rows, num_blocks, block_size = labels.shape
     end = block_size if last_position is None else last_position + 1
     hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:end]
@@ -208,17 +244,24 @@ def dflash_loss(
         target_hidden = target_hidden[:, :, : end - 1].reshape(-1, target_hidden.shape[-1])
     weighted_ce, argmax = chunked_weighted_ce(
         hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size,
-        target_hidden, distill, compiled,
+        target_hidden, distill, compiled, (end - 1) if reach_weighting else 0,
     )
     correct = (argmax.view_as(labels) == labels) & valid
     return LossOutput(weighted_ce, weights.sum(), correct, valid)
 
 
-def reference_loss(hidden, lm_head, labels, weights, valid) -> torch.Tensor:
-    """Unchunked ``sum(w * CE) / sum(w)`` with full logits: the test reference."""
+def reference_loss(hidden, lm_head, labels, weights, valid, reach: bool = False) -> torch.Tensor:
+    """Unchunked ``sum(w * CE) / sum(w)`` with full logits: the test reference. ``reach``
+    (weights [..., K], positions last): w times the detached product of the softmax
+    probabilities of the labels at the earlier positions, by an explicit loop."""
     logits = (hidden @ lm_head.t()).float()
     ce = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view_as(weights)
-    return (ce * weights).sum() / weights.sum()
+    factor = torch.ones_like(weights)
+    if reach:
+        p_label = logits.softmax(-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1).detach().view_as(weights)
+        for j in range(1, weights.shape[-1]):
+            factor[..., j] = factor[..., j - 1] * p_label[..., j - 1]
+    return (ce * weights * factor).sum() / weights.sum()
 
 
 @dataclass

@@ -28,11 +28,16 @@ class ObjectiveOptions:
     # Block positions 1..loss_positions carry the loss (train.loss_positions; None: all B - 1). The later
     # ones still run through the drafter (the block attends to itself) but skip the lm_head entirely.
     loss_positions: int | None = None
+    # Each position's weight times the drafter's detached probability of reaching it in verification
+    # (train.reach_weighting; objective/loss._reach).
+    reach_weighting: bool = False
 
     def __post_init__(self):
         if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
             raise ValueError(f"train.loss_positions must be in 1..block_size - 1 = {self.block_size - 1} "
                              f"(null: all), got {self.loss_positions}")
+        if self.reach_weighting and self.distill > 0:
+            raise ValueError("train.reach_weighting does not combine with train.distill > 0")
 
     @property
     def last_position(self) -> int:
@@ -77,4 +82,4 @@ def drafter_loss(
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     soft = predicting_states(blocks, target_hidden) if opts.distill > 0 else None
     return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, soft,
-                       opts.distill, opts.compiled_loss, opts.last_position)
+                       opts.distill, opts.compiled_loss, opts.last_position, opts.reach_weighting)

@@ -201,6 +201,7 @@ class Trainer:
             distill=t.distill,
             compiled_loss=self.compiled,
             loss_positions=t.loss_positions,
+            reach_weighting=t.reach_weighting,
         )
 
     def _build_data(self) -> None:
