@@ -23,10 +23,27 @@ def test_heldout_is_the_file_the_recipes_ship():
     assert len(prompts) >= 40 and all(p[-1]["role"] == "user" and p[-1]["content"] for p in prompts)
 
 
+def test_selection_set_is_disjoint_from_heldout_and_never_synthesized():
+    """The ablation-selection prompts: packaged, 96 of them, none equal to or containing a
+    held-out prompt (or the reverse), and refused by the prompt synthesizer like held-out ones."""
+    from dflash_train.recipes.prompts import PromptSet, load_heldout, normalize
+
+    selection = [p[-1]["content"] for p in read_prompts(resolve_prompts("selection"))]
+    heldout = [p[-1]["content"] for p in read_prompts(resolve_prompts("heldout"))]
+    assert resolve_prompts("selection").resolve() == (SRC / "recipes" / "selection_prompts.txt").resolve()
+    assert len(selection) == 96 and len({normalize(p) for p in selection}) == 96
+    both = PromptSet(heldout)
+    assert not [p for p in selection if both.is_heldout(p)]
+    assert not [h for h in heldout if PromptSet(selection).is_heldout(h)]
+    never = PromptSet(load_heldout())
+    assert all(never.is_heldout(p) for p in selection + heldout)
+    assert never.add("A question about something else entirely?", "x")
+
+
 def test_paths_pass_through_and_unknown_names_are_refused(tmp_path):
     assert resolve_prompts(str(tmp_path / "mine.txt")) == tmp_path / "mine.txt"
     assert resolve_prompts(tmp_path) == tmp_path
-    with pytest.raises(ValueError, match="unknown prompt set 'nope'; known: heldout"):
+    with pytest.raises(ValueError, match="unknown prompt set 'nope'; known: heldout, selection"):
         prompt_set_path("nope")
 
 

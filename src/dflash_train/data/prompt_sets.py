@@ -6,7 +6,12 @@ prompt synthesizer keeps every held-out prompt out of the training data), so bot
 agree on one file.
 
 ``heldout``: general questions and instructions written by hand for this project, one
-per line, never trained on (``recipes/heldout_prompts.txt``).
+per line, never trained on (``recipes/heldout_prompts.txt``): what results are reported on.
+
+``selection``: 96 more, written the same way and never trained on either
+(``recipes/selection_prompts.txt``), for choosing between ablations. Choosing on the prompts
+a result is then reported on would fit the choice to them; the held-out set's last 16 prompts
+served for that before, and 16 prompts cannot tell apart the +-0.03 differences ablations give.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from importlib import resources
 from pathlib import Path
 
 # name -> the file's place inside the ``dflash_train`` package
-NAMED_PROMPT_SETS = {"heldout": "recipes/heldout_prompts.txt"}
+NAMED_PROMPT_SETS = {"heldout": "recipes/heldout_prompts.txt", "selection": "recipes/selection_prompts.txt"}
+# the sets no training data may contain (the prompt synthesizer refuses their prompts)
+NEVER_TRAINED = ("heldout", "selection")
 
 
 def prompt_set_path(name: str) -> Path:

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", required=True, help="DFlash serving-format folder (config.json + model.safetensors)")
     p.add_argument("--prompts", required=True,
                    help="chat .jsonl/.json (messages / conversations / prompt), a text file (one prompt per line), "
-                        "or heldout (the packaged held-out set)")
+                        "or a packaged set: heldout (reports), selection (choosing ablations)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-size", type=int, default=None, help="default: the drafter's; may be smaller")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

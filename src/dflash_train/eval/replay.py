@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True, help="DFlash serving-format folder")
-    parser.add_argument("--prompts", required=True, help="as for eval (a file, or heldout)")
+    parser.add_argument("--prompts", required=True, help="as for eval (a file, heldout or selection)")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=None)

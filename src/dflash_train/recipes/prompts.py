@@ -9,8 +9,9 @@ Two sources, both offline:
   "Write one question a user might ask an AI assistant about {topic}." over the
   ``TOPICS`` x ``TASKS`` lists below, then cleaned and deduplicated.
 
-Held-out evaluation prompts (``heldout_prompts.txt``) are never emitted: any prompt whose
-normalized text equals or contains a held-out one is dropped.
+Held-out evaluation prompts (``heldout_prompts.txt``) and the ablation-selection prompts
+(``selection_prompts.txt``) are never emitted: any prompt whose normalized text equals or
+contains one of them is dropped.
 
 Output records have a user turn and an empty assistant turn for ``dflash-train regenerate``
 to fill in::
@@ -178,10 +179,12 @@ def clean_prompt(text: str, min_chars: int = 12, max_chars: int = 300) -> str | 
 
 
 def load_heldout(path: str | Path | None = None) -> list[str]:
-    from .offline_data import heldout_prompts_path
+    """The prompts training data must never contain: ``path``'s lines, or (default) those of every
+    packaged never-trained set (``heldout`` for reports, ``selection`` for choosing ablations)."""
+    from dflash_train.data.prompt_sets import NEVER_TRAINED, prompt_set_path
 
-    path = Path(path) if path else heldout_prompts_path()
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    paths = [Path(path)] if path else [prompt_set_path(name) for name in NEVER_TRAINED]
+    return [line.strip() for p in paths for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 class PromptSet:
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.9)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--no-seeds", action="store_true", help="only synthetic prompts")
-    parser.add_argument("--heldout", default=None, help="held-out prompts file (default: the packaged one)")
+    parser.add_argument("--heldout", default=None, help="prompts file never to emit (default: the packaged held-out and selection sets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exclude", nargs="*", default=[], type=Path,
                         help="chat JSONL files whose user turns are never written again (another prompt set: "
