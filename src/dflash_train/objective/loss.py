@@ -142,8 +142,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         chunk_fn = _compiled(chunk_fn) if compiled else chunk_fn
         for start in range(0, hidden.shape[0], chunk_size):
             part = slice(start, start + chunk_size)
-            soft = (reach_block,) if target_hidden is None else (target_hidden[part], distill)
-            loss, argmax, grad = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *soft)
+            extra = (reach_block,) if target_hidden is None else (target_hidden[part], distill)
+            loss, argmax, grad = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *extra)
             total = total + loss
             argmaxes.append(argmax)
             grads.append(grad)
