@@ -222,6 +222,10 @@ class JobConfig:
             raise ValueError(
                 f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
             )
+        lp = self.train.loss_positions
+        if lp is not None and lp > self.drafter.block_size - 1:
+            raise ValueError(f"train.loss_positions ({lp}) must be at most drafter.block_size - 1 "
+                             f"({self.drafter.block_size - 1}): block position 0 is the anchor and has no label")
         if self.train.attention == "flex" and self.train.device == "cpu":
             raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
         self.eval.validate()

@@ -86,3 +86,12 @@ def test_out_of_range_positions_are_refused(bad):
 def test_config_refuses_non_positive_integers(bad):
     with pytest.raises(ValueError, match="train.loss_positions"):
         TrainConfig(loss_positions=bad).validate()
+
+
+def test_the_job_config_refuses_positions_past_the_block():
+    """Checked when the config loads, before the target or the data are touched."""
+    from dflash_train.config import load_config
+
+    with pytest.raises(ValueError, match=r"train.loss_positions \(16\) must be at most drafter.block_size - 1 \(15\)"):
+        load_config("smollm2-1gpu", ["train.loss_positions=16"])
+    assert load_config("smollm2-1gpu", ["train.loss_positions=15"]).train.loss_positions == 15
