@@ -124,14 +124,15 @@ def plot(series: list[Series], goals: list[float], out: Path, title: str) -> Non
         name = x.label or "held-out tau"
         ax.plot(x.minutes, x.taus, "os^v"[i % 4], color=colors[2 * i % 20], label=f"{name} (one run each)")
         if x.fit is not None:
+            # each goal's cost goes into the fit's legend entry and a tick where the line crosses it:
+            # with several lines, text next to the crossings piles up where the lines meet
             f = x.fit
+            crossings = [(f.minutes_for(goal), goal) for goal in goals if f.minutes_for(goal)]
+            costs = "".join(f"; tau {goal:g} at ~{need:,.0f}" for need, goal in crossings)
             ax.plot(grid, [f.tau_at(g) for g in grid], "--", color=colors[(2 * i + 1) % 20],
-                    label=f"fit: tau = {f.intercept:.2f} + {f.slope:.2f} log10(GPU-min), R^2 {f.r2:.2f}")
-            for goal in goals:
-                need = f.minutes_for(goal)
-                if need:
-                    ax.annotate(f"tau {goal:g}: ~{need:,.0f} GPU-min", (need, goal), textcoords="offset points",
-                                xytext=(-10, -12 - 10 * i), ha="right", fontsize=8, color=colors[2 * i % 20])
+                    label=f"fit: tau = {f.intercept:.2f} + {f.slope:.2f} log10(GPU-min), R^2 {f.r2:.2f}{costs}")
+            if crossings:
+                ax.plot(*zip(*crossings), "|", color=colors[2 * i % 20], markersize=9, markeredgewidth=1.5)
     for goal in goals:
         ax.axhline(goal, color="grey", lw=0.8)
     ax.set_xscale("log")
