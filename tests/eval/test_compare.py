@@ -51,3 +51,29 @@ def test_cli_writes_table_and_json(tmp_path, capsys):
     assert "| +0.500 +- 0.500 | 1/2 |" in capsys.readouterr().out
     rows = json.loads(out.read_text())
     assert [r["prompts"] for r in rows] == ["1-2", "3-3"] and rows[1]["mean_diff"] == 1.0
+
+
+def test_choose_takes_the_largest_gain_above_the_threshold_and_skips_missing_reports(tmp_path, capsys):
+    """--choose on a range: the biggest paired gain wins only above --min-se standard errors;
+    --skip-missing counts a variant without a report instead of failing the whole comparison."""
+    base, small, big, noisy = (tmp_path / f"{n}.json" for n in ("base", "small", "big", "noisy"))
+    base.write_text(json.dumps(_report([[1], [1], [1], [1]])))
+    small.write_text(json.dumps(_report([[1.1], [1.2], [1.1], [1.2]])))  # +0.15 +- 0.029
+    big.write_text(json.dumps(_report([[1.2], [1.5], [1.1], [1.4]])))  # +0.30 +- 0.091
+    noisy.write_text(json.dumps(_report([[3], [0.5], [0.6], [0.5]])))  # +0.15 +- 0.5: never chosen
+    gone = tmp_path / "gone" / "eval.json"
+    args = [str(base), str(small), str(big), str(noisy), str(gone), "--prompts", "1-4", "--choose", "1-4",
+            "--skip-missing", "--json", str(tmp_path / "c.json")]
+    assert main([*args, "--min-se", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"choice: {big}" in out and "skipped 1 variant(s) without a report" in out
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["choice"] == str(big) and result["skipped"] == [str(gone)] and len(result["rows"]) == 3
+    assert main([*args, "--min-se", "4"]) == 0  # big is 3.3 s.e., small 5.2: the gain must clear the bar
+    assert f"choice: {small}" in capsys.readouterr().out
+    assert main([*args, "--min-se", "6"]) == 0
+    assert "choice: base (no variant above 6 standard errors" in capsys.readouterr().out
+    assert main(args[:-3]) == 2  # without --skip-missing the missing report fails, naming the file
+    assert "gone" in capsys.readouterr().err
+    assert main([str(base), str(small), "--prompts", "1-4", "--choose", "1-2"]) == 2
+    assert "not one of the --prompts ranges" in capsys.readouterr().err

@@ -10,6 +10,13 @@ per-prompt difference with its standard error, and on how many prompts the varia
         --prompts 1-24 --prompts 25-40 --json table.json
 
 Prompt ranges are 1-based and inclusive, as one reads a prompt file.
+
+Choosing between ablations inside a script (where nobody reads the table before the next
+step starts): ``--choose 1-96 --min-se 1`` names the variant with the largest paired gain
+on that range if the gain is above ``--min-se`` standard errors, else the base (a line
+``choice: NAME ...``; the JSON then holds ``rows``, ``choice`` and ``skipped``);
+``--skip-missing`` drops variants whose report does not exist (a run that found no time),
+counted in the output, instead of failing the whole comparison. Choose on prompts you do not report on (the ``selection`` set).
 """
 
 from __future__ import annotations
@@ -90,24 +97,56 @@ def format_rows(rows: list[Paired]) -> str:
     return "\n".join(lines)
 
 
+def choose(rows: list[Paired], prompts: str, min_se: float) -> Paired | None:
+    """The row on ``prompts`` with the largest mean gain, if above ``min_se`` standard errors."""
+    candidates = [r for r in rows if r.prompts == prompts and r.mean_diff > min_se * r.stderr and r.mean_diff > 0]
+    return max(candidates, key=lambda r: r.mean_diff) if candidates else None
+
+
+def _report_exists(path: str) -> bool:
+    p = Path(path)
+    return (p / "eval.json").is_file() if p.is_dir() else p.is_file()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", help="the base eval.json (or its folder)")
     parser.add_argument("variants", nargs="+", help="eval.json files (or folders) of the variants")
     parser.add_argument("--prompts", action="append", default=None, help="1-based range, e.g. 1-24 (repeatable)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--skip-missing", action="store_true",
+                        help="drop variants whose report does not exist (counted) instead of failing")
+    parser.add_argument("--choose", default=None, metavar="RANGE",
+                        help="name the variant with the largest gain on this prompt range (one of --prompts)")
+    parser.add_argument("--min-se", type=float, default=2.0,
+                        help="--choose takes a variant only if its gain is above this many standard errors")
     args = parser.parse_args(argv)
+    variants = args.variants
+    missing = [v for v in variants if not _report_exists(v)] if args.skip_missing else []
+    variants = [v for v in variants if v not in missing]
     try:
         base = load_report(args.base)
-        spans = [parse_range(s) for s in (args.prompts or [f"1-{len(base['prompts'])}"])]
+        ranges = args.prompts or [f"1-{len(base['prompts'])}"]
+        if args.choose is not None and args.choose not in ranges:
+            raise ValueError(f"--choose {args.choose}: not one of the --prompts ranges {ranges}")
+        spans = [parse_range(s) for s in ranges]
         rows = [compare(base, load_report(path), Path(path).name if Path(path).is_dir() else str(path), span)
-                for span in spans for path in args.variants]
+                for span in spans for path in variants]
     except ValueError as err:
         print(f"compare: {err}", file=sys.stderr)
         return 2
     print(format_rows(rows))
+    if missing:
+        print(f"skipped {len(missing)} variant(s) without a report: {', '.join(missing)}")
+    result: dict | list = [asdict(r) for r in rows]
+    if args.choose is not None:
+        pick = choose(rows, args.choose, args.min_se)
+        line = (f"choice: {pick.variant} ({pick.mean_diff:+.3f} +- {pick.stderr:.3f} on prompts {args.choose})" if pick
+                else f"choice: base (no variant above {args.min_se:g} standard errors on prompts {args.choose})")
+        print(line)
+        result = {"rows": result, "choice": pick.variant if pick else "base", "choice_line": line, "skipped": missing}
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 
 
