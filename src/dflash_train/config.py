@@ -22,6 +22,7 @@ from torch import device as torch_device
 
 from dflash_train.data import DataConfig
 from dflash_train.models.config import DrafterConfig
+from dflash_train.objective.blocks import check_loss_positions
 
 
 @dataclass
@@ -222,10 +223,7 @@ class JobConfig:
             raise ValueError(
                 f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
             )
-        lp = self.train.loss_positions
-        if lp is not None and lp > self.drafter.block_size - 1:
-            raise ValueError(f"train.loss_positions ({lp}) must be at most drafter.block_size - 1 "
-                             f"({self.drafter.block_size - 1}): block position 0 is the anchor and has no label")
+        check_loss_positions(self.train.loss_positions, self.drafter.block_size)
         if self.train.attention == "flex" and self.train.device == "cpu":
             raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
         self.eval.validate()

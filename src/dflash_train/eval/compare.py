@@ -16,7 +16,8 @@ step starts): ``--choose 1-96 --min-se 1`` names the variant with the largest pa
 on that range if the gain is above ``--min-se`` standard errors, else the base (a line
 ``choice: NAME ...``; the JSON then holds ``rows``, ``choice`` and ``skipped``);
 ``--skip-missing`` drops variants whose report does not exist (a run that found no time),
-counted in the output, instead of failing the whole comparison. Choose on prompts you do not report on (the ``selection`` set).
+counted in the output, instead of failing the whole comparison. Choose on prompts you do
+not report on (the ``selection`` set).
 """
 
 from __future__ import annotations

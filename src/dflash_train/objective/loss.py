@@ -46,7 +46,7 @@ def _reach(ce: torch.Tensor, block_positions: int) -> torch.Tensor:
     sum_j reach_j * CE_j follows the drafter's own acceptance block by block, where a fixed
     decay over positions follows only the average one.
     """
-    p = torch.exp(-ce.detach().float()).view(-1, block_positions)
+    p = torch.exp(-ce.detach()).view(-1, block_positions)  # ce is float32 (the logits are)
     reached = torch.cumprod(p, dim=1)
     return torch.cat([torch.ones_like(reached[:, :1]), reached[:, :-1]], dim=1).reshape(-1)
 

@@ -12,7 +12,7 @@ import torch
 
 from dflash_train.models.attention import build_masks
 from dflash_train.models.drafter import DFlashDrafter
-from dflash_train.objective.blocks import Blocks, build_blocks, predicting_states
+from dflash_train.objective.blocks import Blocks, build_blocks, check_loss_positions, predicting_states
 from dflash_train.objective.loss import LossOutput, dflash_loss
 
 
@@ -33,9 +33,7 @@ class ObjectiveOptions:
     reach_weighting: bool = False
 
     def __post_init__(self):
-        if self.loss_positions is not None and not 1 <= self.loss_positions <= self.block_size - 1:
-            raise ValueError(f"train.loss_positions must be in 1..block_size - 1 = {self.block_size - 1} "
-                             f"(null: all), got {self.loss_positions}")
+        check_loss_positions(self.loss_positions, self.block_size)
         if self.reach_weighting and self.distill > 0:
             raise ValueError("train.reach_weighting does not combine with train.distill > 0")
 
