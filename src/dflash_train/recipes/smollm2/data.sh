@@ -24,6 +24,9 @@ DEVICE=${DEVICE:-cuda}
 #   EXCLUDE="runs/smollm2/data/greedy-0.jsonl" bash src/dflash_train/recipes/smollm2/data.sh
 SEED=${SEED:-0}
 SEED_PROMPTS=${SEED_PROMPTS:-1}
+# NUM_COMPOSED=N: N prompts composed from request templates (recipes/composed_prompts.py: explain, advise,
+# compare, create, rewrite, code, calculate, plan ...) beside the target-written ones; NUM_SYNTH=0 for those alone
+NUM_COMPOSED=${NUM_COMPOSED:-0}
 EXCLUDE=${EXCLUDE:-}
 # COMPACT=1: regenerate --compact (a bucket's running rows continue at a smaller batch once half have
 # finished: the same answers; not yet timed on a GPU)
@@ -40,7 +43,8 @@ else
 fi
 if [ ! -s "$OUT/synth.jsonl" ]; then
   $PY -m dflash_train.recipes.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
-    ${EXCLUDE:+--exclude $EXCLUDE} --num-synthetic "$NUM_SYNTH" --batch-size "$GEN_BATCH" --backend static \
+    ${EXCLUDE:+--exclude $EXCLUDE} --num-synthetic "$NUM_SYNTH" --num-composed "$NUM_COMPOSED" \
+    --batch-size "$GEN_BATCH" --backend static \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"
 fi
 stage "prompts done ($(wc -l < "$OUT/seeds.jsonl") seeds, $(wc -l < "$OUT/synth.jsonl") synthetic)"
