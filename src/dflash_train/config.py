@@ -40,14 +40,22 @@ class TargetConfig:
 
 @dataclass
 class OptimConfig:
+    # adamw, or muon: Muon for the drafter's weight matrices, AdamW for its norm gains (train/muon.py);
+    # lr, betas, weight_decay and the schedule apply to both (Muon's update is scaled to AdamW's RMS)
+    name: str = "adamw"
     lr: float = 6e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    momentum: float = 0.95  # Muon's (Nesterov) momentum; AdamW uses betas
 
     def validate(self) -> None:
+        if self.name not in ("adamw", "muon"):
+            raise ValueError(f"optim.name must be adamw or muon, got {self.name!r}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:

@@ -171,23 +171,28 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block):
 @pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
                     reason="the chat test target takes assets/smollm2's tokenizer")
 @pytest.mark.parametrize("pack,objective", [(True, {}), (False, {}),
-                                            (True, {"loss_positions": 2, "reach_weighting": True})],
-                         ids=["packed", "unpacked", "packed-k2-reach"])
+                                            (True, {"loss_positions": 2, "reach_weighting": True}),
+                                            (True, {"optim": "muon"})],
+                         ids=["packed", "unpacked", "packed-k2-reach", "packed-muon"])
 def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     """The trainer's whole step replayed as one CUDA graph (real capture: compiled drafter layers,
     flex_attention, the compiled loss, bf16 autocast, fused AdamW with the LR in a device tensor)
     trains as the eager step does: the same per-step losses and weights after 14 steps, with the LR
     schedule moving every step. Packed rows replay every step after the warm-up. Also with the loss
-    on the first positions only and reach weighting (``train.loss_positions``, ``reach_weighting``)."""
+    on the first positions only and reach weighting (``train.loss_positions``, ``reach_weighting``), and
+    with Muon (``optim.name=muon``: its Newton-Schulz iterations and device-side skip in the graph)."""
     from dflash_train.config import config_from_dict
     from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.trainer import Trainer
 
     out = {}
+    objective = dict(objective)
+    optimizer = objective.pop("optim", "adamw")
     for graphed in (False, True):
         job = tiny_chat_job(tmp_path / str(graphed), max_steps=14, device="cuda", num_anchors=16,
                             cuda_graph_step=graphed, log_every=1, **objective)
         job["data"]["pack"] = pack
+        job["optim"]["name"] = optimizer
         job["target"]["dtype"] = "bfloat16"
         target = tiny_chat_target(REPO / "assets" / "smollm2")
         target.model.to("cuda", dtype=torch.bfloat16)

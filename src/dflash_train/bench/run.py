@@ -316,7 +316,7 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
 
     optim_cfg = OptimConfig()
-    optimizer = build_optimizer(drafter.parameters(), optim_cfg, fused=device.type in ("cuda", "cpu"))
+    optimizer = build_optimizer(drafter, optim_cfg, fused=device.type in ("cuda", "cpu"))
     total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
     scheduler = build_scheduler(optimizer, optim_cfg, total_steps)
     opts = ObjectiveOptions(block_size=cfg.block_size, mask_token_id=dcfg.mask_token_id,

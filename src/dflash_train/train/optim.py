@@ -1,4 +1,5 @@
-"""AdamW over fp32 master weights and the paper's cosine schedule with warmup."""
+"""The optimizer (AdamW, or Muon for the weight matrices: ``optim.name``) over fp32 master weights,
+and the paper's cosine schedule with warmup."""
 
 from __future__ import annotations
 
@@ -7,12 +8,24 @@ import math
 import torch
 
 from dflash_train.config import OptimConfig
+from dflash_train.train.muon import Muon, muon_param_groups
 
 
-def build_optimizer(params, cfg: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW; ``fused`` uses the single-kernel CUDA implementation."""
+def build_optimizer(module: torch.nn.Module, cfg: OptimConfig, fused: bool = False) -> torch.optim.Optimizer:
+    """The optimizer of ``module``'s parameters. AdamW: ``fused`` uses the single-kernel
+    implementation (CUDA and CPU), which can skip a step on the device. Muon always can."""
+    if cfg.name == "muon":
+        return Muon(muon_param_groups(module), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                    momentum=cfg.momentum)
     kwargs = {"fused": True} if fused else {}
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay, **kwargs)
+    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                             **kwargs)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` takes ``found_inf`` (a device scalar) and skips a bad step itself,
+    with no host sync: the fused AdamW and Muon."""
+    return bool(optimizer.defaults.get("fused")) or getattr(optimizer, "takes_found_inf", False)
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:

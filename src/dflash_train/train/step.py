@@ -22,6 +22,7 @@ from dflash_train.data.batching import MicroBatch
 from dflash_train.objective.blocks import sample_batch_anchors, uniform_anchors
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
+from dflash_train.train.optim import skips_on_device
 from dflash_train.train.parallelize import no_sync
 
 
@@ -185,11 +186,11 @@ class TrainStep:
         trainer has none: the loop syncs only at log lines). So the decision stays on the
         device: the clip already reduces every gradient to one norm; ``ok`` is two more
         scalar ops on it and the (already reduced, identical on every rank) loss. The fused
-        AdamW kernel takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
+        AdamW kernel (and Muon, ``train/muon.py``) takes it as ``found_inf`` (the mechanism AMP's GradScaler uses): a bad
         step leaves weights, moments and the step count untouched. The host reads the
         counters in ``bad`` (updated in place: a CUDA graph writes the same tensor) at the next
         log line or save (``Trainer.check_bad_steps``), where it synchronizes anyway. The LR
-        schedule advances on a skipped step (its data is consumed). Without a fused optimizer
+        schedule advances on a skipped step (its data is consumed). Without such an optimizer
         the host decides, at the price of a sync. ``step_number``: a device scalar.
         """
         clip = self.grad_clip
@@ -202,7 +203,7 @@ class TrainStep:
         first = bad & (self.bad[0] == 0)
         values = torch.stack([self.bad[0] + bad, step_number.to(self.bad.dtype), step_loss.float(), grad_norm.float()])
         self.bad.copy_(torch.where(torch.stack([bad, first, first, first]), values, self.bad))
-        if self.optimizer.defaults.get("fused"):
+        if skips_on_device(self.optimizer):
             self.optimizer.found_inf = bad.float()
             self.optimizer.step()
         elif bool(ok):

@@ -25,7 +25,7 @@ from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache
 from dflash_train.train.metrics import MetricLogger, MetricWindow
-from dflash_train.train.optim import build_optimizer, build_scheduler
+from dflash_train.train.optim import build_optimizer, build_scheduler, skips_on_device
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter, step_begin
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import Anchors, StepResult, TrainStep
@@ -109,8 +109,8 @@ class Trainer:
         self._build_data()
         self.source = self._feature_source(features)
         self.timings = timings
-        # Fused AdamW (CUDA and CPU) can skip a step on the device (``found_inf``): see TrainStep._update.
-        self.optimizer = build_optimizer(self.drafter.parameters(), cfg.optim,
+        # Fused AdamW (CUDA and CPU) and Muon can skip a step on the device (``found_inf``): see TrainStep._update.
+        self.optimizer = build_optimizer(self.drafter, cfg.optim,
                                          fused=self.device.type in ("cuda", "cpu"))
         self.counters = Counters()
         self.scheduler = self.build_scheduler()
@@ -145,8 +145,8 @@ class Trainer:
     def _graph_the_step(self, data_parallel) -> None:
         """Replay the step as one CUDA graph (``train.cuda_graph_step``) where it can be captured
         whole: CUDA, one process, one micro-batch per step, no distillation (its features are a pair),
-        Inductor's own graphs off (``compile_mode=default``), and the fused AdamW that reads
-        ``found_inf`` on the device."""
+        Inductor's own graphs off (``compile_mode=default``), and an optimizer that reads
+        ``found_inf`` on the device (the fused AdamW, Muon)."""
         t = self.cfg.train
         if not t.cuda_graph_step:
             return
@@ -154,7 +154,7 @@ class Trainer:
             ("not on CUDA", self.device.type != "cuda"), ("several ranks", self.ranks.world > 1 or data_parallel),
             ("train.grad_accum > 1", t.grad_accum > 1), ("train.distill > 0", self.opts.distill > 0),
             ("train.compile_mode=reduce-overhead", t.compile_mode != "default"),
-            ("no fused AdamW", not self.optimizer.defaults.get("fused"))) if failed]
+            ("an optimizer that cannot skip a step on the device", not skips_on_device(self.optimizer))) if failed]
         if why_not:
             if self.device.type == "cuda":
                 self.echo(f"train.cuda_graph_step: the step runs eagerly ({', '.join(why_not)})")

@@ -1,0 +1,42 @@
+#!/bin/bash
+# call 3 (carry .gpu/s .whl; the tree without sets 1 and 3, which calls 1-2 kept): the tenth run's three answer
+# sets, tokenized (warm run of 3 steps); TWO ablations at the tenth run's ablation length (1.1 minutes of steps,
+# the ninth run's main recipe, all three sets, features 124 GiB on the GPU): Muon for the weight matrices at the
+# recipe's lr (`muon`: AdamW's update RMS) and at 4x (`muon4`); each replayed (batched) on the 40 held-out
+# prompts and compared with the tenth run's `comp` ablation (the same data, recipe and length with AdamW). The
+# main run's optimizer by a rule fixed here, before the runs: the variant with the larger paired gain on prompts
+# 25-40 if positive (eval.compare --choose 25-40 --min-se 0), else AdamW.
+set -u
+source .gpu/s/env.sh
+A=$K/abl
+mkdir -p $A $D/.s
+trap '(cd $K && tar czf $OUT/c3.tgz --ignore-failed-read warm.log choice.txt abl/*/train.log abl/*/eval.json abl/*/summary.json abl/*/metrics.jsonl abl/*/replay.log abl/*/overrides.txt abl/compare.json abl/compare.txt 2>/dev/null)' EXIT
+ln -sfn $K/smollm2 assets/smollm2
+tar xJf $K/greedy-answers.tar.xz -C $D
+tar xJf docs/results/smollm2-h200-8/data/greedy-answers-2.tar.xz -C $D/.s && mv $D/.s/greedy-0.jsonl $D/greedy-1.jsonl
+tar xJf $K/greedy-answers-3.tar.xz -C $D/.s && mv $D/.s/greedy-0.jsonl $D/greedy-2.jsonl
+wc -l $D/greedy-*.jsonl
+EXTRA="train.feature_cache_gib=124"; set_common
+timeout $(( $(left) - 8 )) $DFT train $COMMON train.run_dir=$K/warm train.max_steps=3 train.time_budget_minutes=0 \
+  > $K/warm.log 2>&1
+grep -h -i "read\|trim\|kept\|steps/epoch\|feature cache\|first step\|too_few" $K/warm.log | head -10
+stage "tokenized, recipe compiled"
+ABL_MIN=${ABL_MIN:-1.1}
+for spec in "muon:optim.name=muon" "muon4:optim.name=muon optim.lr=2.4e-3"; do
+  n=${spec%%:*}; over=${spec#*:}; d=$A/$n; mkdir -p $d
+  echo "train.loss_positions=8 train.reach_weighting=true $over (3 sets)" > $d/overrides.txt
+  [ $(left) -gt 150 ] || { echo "no time for $n"; break; }
+  timeout $(( $(left) - 60 )) $DFT train $COMMON train.run_dir=$d/run train.time_budget_minutes=$ABL_MIN \
+    train.log_every=50 train.save_every_minutes=0 train.loss_positions=8 train.reach_weighting=true $over > $d/train.log 2>&1
+  cp $d/run/summary.json $d/run/metrics.jsonl $d/ 2>/dev/null
+  grep -h -i "warn\|capture\|error" $d/train.log | head -3
+  stage "ablation $n: $(grep -o 'spent at step [0-9]*' $d/train.log | tail -1)"
+  REPLAY_ARGS=--batched timeout $(( $(left) - 10 )) bash .gpu/s/replayrun.sh $d/run $d
+done
+B=docs/results/smollm2-h200-11/abl/comp/eval.json
+$PY -m dflash_train.eval.compare $B $A/muon/eval.json $A/muon4/eval.json --prompts 1-24 --prompts 25-40 --prompts 1-40 \
+  --choose 25-40 --min-se 0 --skip-missing --json $A/compare.json > $A/compare.txt 2>&1; cat $A/compare.txt
+if grep -q "^choice: .*muon4" $A/compare.txt; then echo "muon4" > $K/choice.txt
+elif grep -q "^choice: .*muon" $A/compare.txt; then echo "muon" > $K/choice.txt; else echo "adamw" > $K/choice.txt; fi
+cat $K/choice.txt
+stage "replays and choice"
