@@ -6,6 +6,7 @@
 # prompts and compared with the tenth run's `comp` ablation (the same data, recipe and length with AdamW). The
 # main run's optimizer by a rule fixed here, before the runs: the variant with the larger paired gain on prompts
 # 25-40 if positive (eval.compare --choose 25-40 --min-se 0), else AdamW.
+# Since this run the recipe itself holds Muon (lr 2.4e-3): AdamW as run here now needs optim.name=adamw optim.lr=6e-4.
 set -u
 source .gpu/s/env.sh
 A=$K/abl

@@ -3,6 +3,7 @@
 # sets, train.loss_positions=8 train.reach_weighting=true, train.feature_cache_gib=124) with the optimizer call 3
 # chose ($K/choice.txt: muon = optim.name=muon, muon4 = the same with optim.lr=2.4e-3, adamw = the tenth run's).
 # GPU memory sampled every 5 s. Its evaluation is call 5.
+# Since this run the recipe itself holds Muon (lr 2.4e-3): AdamW as run here now needs optim.name=adamw optim.lr=6e-4.
 set -u
 source .gpu/s/env.sh
 CHOICE=${CHOICE:-$(tail -1 $K/choice.txt 2>/dev/null)}
