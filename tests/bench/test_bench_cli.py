@@ -96,6 +96,18 @@ def test_graphed_step_bench_replays_and_trains_as_the_eager_one():
         run_bench(BenchConfig(**base, cuda_graph_step=True), log=quiet)
 
 
+def test_bench_times_the_muon_step():
+    """--optim muon: the timed step runs Muon (its config is in the JSON) and trains: the loss differs from
+    AdamW's after the same steps on the same batches."""
+    from dflash_train.bench.run import BenchConfig, run_bench
+
+    base = dict(target_config="tiny", steps=3, warmup=1, profile_steps=0, device="cpu")
+    adamw = run_bench(BenchConfig(**base), log=lambda *_: None)
+    muon = run_bench(BenchConfig(**base, optim="muon"), log=lambda *_: None)
+    assert muon["config"]["optim"] == "muon" and adamw["config"]["optim"] == "adamw"
+    assert math.isfinite(muon["last_loss"]) and muon["last_loss"] != pytest.approx(adamw["last_loss"], rel=1e-4)
+
+
 def test_flex_on_cpu_is_refused(capsys):
     rc = main(["bench", "--target-config", "tiny", "--steps", "1", "--warmup", "0", "--device", "cpu",
                "--attention", "flex"])

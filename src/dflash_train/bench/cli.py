@@ -52,6 +52,8 @@ def register(sub) -> None:
     p.add_argument("--cuda-graph-step", action="store_true",
                    help="replay the step as one CUDA graph after the warm-up, as the trainer does "
                         "(train.cuda_graph_step; one process; needs --warmup >= 2 for a timed loop of replays)")
+    p.add_argument("--optim", choices=["adamw", "muon"], default="adamw",
+                   help="the optimizer of the timed step (optim.name; muon: train/muon.py)")
     p.add_argument("--out", default=None, help="also write the JSON object to this file")
     p.set_defaults(func=run_cli)
 
@@ -66,7 +68,7 @@ def run_cli(args) -> int:
         batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
         attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
-        cuda_graph_step=args.cuda_graph_step,
+        cuda_graph_step=args.cuda_graph_step, optim=args.optim,
     )
     result = run_bench(cfg)
     if result["rank"] != 0:  # under torchrun only rank 0 reports

@@ -103,6 +103,7 @@ class BenchConfig:
     matmul_size: int | None = None  # None: 8192 on CUDA, 1024 on CPU
     seed: int = 0
     cuda_graph_step: bool = False  # replay the step as one CUDA graph, as the trainer does (one process)
+    optim: str = "adamw"  # the optimizer the step runs (optim.name): adamw or muon
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -315,7 +316,8 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     build_s = time.perf_counter() - t0
     log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
 
-    optim_cfg = OptimConfig()
+    optim_cfg = OptimConfig(name=cfg.optim)
+    optim_cfg.validate()
     optimizer = build_optimizer(drafter, optim_cfg, fused=device.type in ("cuda", "cpu"))
     total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
     scheduler = build_scheduler(optimizer, optim_cfg, total_steps)
