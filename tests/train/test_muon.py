@@ -106,7 +106,7 @@ def test_muon_step_equals_the_plain_reference(lr_as_tensor):
 
 def test_the_adamw_part_equals_torch_adamw():
     torch.manual_seed(0)
-    gain, twin = torch.nn.Parameter(torch.randn(7)), None
+    gain = torch.nn.Parameter(torch.randn(7))
     twin = torch.nn.Parameter(gain.detach().clone())
     ours = Muon([{"params": [gain], "muon": False}], lr=0.01, betas=(0.9, 0.95), weight_decay=0.05)
     theirs = torch.optim.AdamW([twin], lr=0.01, betas=(0.9, 0.95), weight_decay=0.05, eps=1e-8)
@@ -158,8 +158,8 @@ def test_sharded_parameters_are_refused():
         muon_param_groups(net)
 
 
-def test_config_names_the_optimizer():
-    job = tiny_chat_job("/tmp/unused-muon-cfg")
+def test_config_names_the_optimizer(tmp_path):
+    job = tiny_chat_job(tmp_path)
     with pytest.raises(ValueError, match="optim.name must be adamw or muon"):
         config_from_dict({**job, "optim": {**job["optim"], "name": "sgd"}}).validate()
     with pytest.raises(ValueError, match="optim.momentum"):
