@@ -11,7 +11,9 @@ spread differently:
   thread blocks), then a sum over them;
 * ``mm_t``: compute ``(W x^T)^T``, so the long dimension N is cuBLAS's M and gets the
   tiles;
-* ``cublaslt``: cuBLASLt's heuristics instead of cuBLAS's for every matmul.
+* ``cublaslt``: cuBLASLt's heuristics instead of cuBLAS's for every matmul;
+* ``triton``: one Triton kernel a product, all rows in one tile, K walked in a fixed
+  order (:mod:`.few_rows`; CUDA only).
 
 All are float32 throughout (no TF32): the result differs from ``F.linear`` only in the
 order of the additions, so greedy verification stays exact up to ties at the rounding
@@ -27,7 +29,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-LINEAR_MODES = ("default", "cublaslt", "splitk", "mm_t")
+LINEAR_MODES = ("default", "cublaslt", "splitk", "mm_t", "triton")
 MAX_ROWS = 64
 MIN_SLICE = 128  # split K only into slices of at least this many
 
@@ -65,13 +67,17 @@ def split_count(k: int) -> int:
 
 
 def make_linear(mode: str, original=F.linear):
-    """An ``F.linear`` replacement for ``mode`` ("splitk" or "mm_t")."""
+    """An ``F.linear`` replacement for ``mode`` ("splitk", "mm_t" or "triton")."""
     def linear(x, weight, bias=None):
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if not (2 <= rows <= MAX_ROWS and x.dtype == torch.float32 and weight.dim() == 2):
             return original(x, weight, bias)
         if mode == "mm_t":
             return transposed_linear(x, weight, bias)
+        if mode == "triton":
+            from .few_rows import few_rows_linear
+
+            return few_rows_linear(x, weight, bias)
         slices = split_count(weight.shape[1])
         return original(x, weight, bias) if slices == 1 else split_k_linear(x, weight, bias, slices)
     return linear

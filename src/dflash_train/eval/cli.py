@@ -9,6 +9,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def register(subparsers) -> None:
+    from dflash_train.decoding.skinny import LINEAR_MODES
+
     p = subparsers.add_parser(
         "eval",
         help="measure acceptance length (tau) and speedup of a DFlash drafter",
@@ -45,7 +47,7 @@ def register(subparsers) -> None:
                    help="static engine, with --compile: the steps to compile, a comma list of plain, verify, draft "
                         "(default draft: the drafter's step alone, so the target runs the same uncompiled kernels "
                         "in the baseline and in verification)")
-    p.add_argument("--linear", choices=("auto", "default", "cublaslt", "splitk", "mm_t"), default="auto",
+    p.add_argument("--linear", choices=("auto", *LINEAR_MODES), default="auto",
                    help="static engine: how few-row float32 matmuls (verify, draft) run; see decoding/skinny.py "
                         "(auto: splitk for float32 on CUDA, cuBLAS as is otherwise)")
     p.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
