@@ -11,9 +11,12 @@ spread differently:
   thread blocks), then a sum over them;
 * ``mm_t``: compute ``(W x^T)^T``, so the long dimension N is cuBLAS's M and gets the
   tiles;
-* ``cublaslt``: cuBLASLt's heuristics instead of cuBLAS's for every matmul;
-* ``triton``: one Triton kernel a product, all rows in one tile, K walked in a fixed
-  order (:mod:`.few_rows`; CUDA only).
+* ``cublaslt``: cuBLASLt's heuristics instead of cuBLAS's for every matmul.
+
+Tried and not kept: one Triton kernel a product (all rows in one tile, each program walking
+all of K with float32 FMAs; commit 9cfc70f): 21 us a product on an H200 against ~12 for
+split-K's GEMM + sum, a SmolLM2 verify step 5.47 ms against 4.26
+(docs/results/smollm2-h200-13/steps-fp32.json).
 
 All are float32 throughout (no TF32): the result differs from ``F.linear`` only in the
 order of the additions, so greedy verification stays exact up to ties at the rounding
@@ -29,7 +32,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-LINEAR_MODES = ("default", "cublaslt", "splitk", "mm_t", "triton")
+LINEAR_MODES = ("default", "cublaslt", "splitk", "mm_t")
 MAX_ROWS = 64
 MIN_SLICE = 128  # split K only into slices of at least this many
 
@@ -67,17 +70,13 @@ def split_count(k: int) -> int:
 
 
 def make_linear(mode: str, original=F.linear):
-    """An ``F.linear`` replacement for ``mode`` ("splitk", "mm_t" or "triton")."""
+    """An ``F.linear`` replacement for ``mode`` ("splitk" or "mm_t")."""
     def linear(x, weight, bias=None):
         rows = x.numel() // x.shape[-1] if x.dim() else 0
         if not (2 <= rows <= MAX_ROWS and x.dtype == torch.float32 and weight.dim() == 2):
             return original(x, weight, bias)
         if mode == "mm_t":
             return transposed_linear(x, weight, bias)
-        if mode == "triton":
-            from .few_rows import few_rows_linear
-
-            return few_rows_linear(x, weight, bias)
         slices = split_count(weight.shape[1])
         return original(x, weight, bias) if slices == 1 else split_k_linear(x, weight, bias, slices)
     return linear

@@ -52,7 +52,6 @@ from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
 from .cache import KVBuffers, capture_cuda_graph
-from .few_rows import available as few_rows_available
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
 from .skinny import check_linear_mode, skinny_linear
@@ -224,9 +223,6 @@ class StaticDecoder:
         self.cols = torch.arange(self.max_len, device=self.device)
         self.grouped_attention = grouped_attention
         self.linear = check_linear_mode(linear)
-        if self.linear == "triton" and not few_rows_available(self.device):
-            raise ValueError(f"linear='triton' needs Triton and a CUDA device (got {self.device}); "
-                             "use linear='splitk'")
         self.fused = FusedProjections(target.layers) if fuse_projections else None
         self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
         self._inputs()
