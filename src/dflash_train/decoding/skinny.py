@@ -14,7 +14,7 @@ spread differently:
 * ``cublaslt``: cuBLASLt's heuristics instead of cuBLAS's for every matmul.
 
 Tried and not kept: one Triton kernel a product (all rows in one tile, each program walking
-all of K with float32 FMAs; commit 9cfc70f): 21 us a product on an H200 against ~12 for
+all of K with float32 FMAs; commit 9cfc70f): 21 us a product on an H200 against ~10 for
 split-K's GEMM + sum, a SmolLM2 verify step 5.47 ms against 4.26
 (docs/results/smollm2-h200-13/steps-fp32.json).
 
