@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from dflash_train.testing import tiny_drafter, tiny_qwen3  # noqa: F401  (re-exported for tests)
+from testkit import tiny_drafter, tiny_qwen3  # noqa: F401  (re-exported for tests)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

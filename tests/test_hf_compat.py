@@ -1,7 +1,8 @@
 """The KV-cache argument name differs across transformers 5.x; a wrong one is silently ignored."""
 
+from testkit import tiny_qwen3
+
 from dflash_train.hf_compat import cache_kwarg
-from dflash_train.testing import tiny_qwen3
 
 
 class _Old:

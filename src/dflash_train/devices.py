@@ -25,3 +25,9 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     if not isinstance(getattr(torch, name, None), torch.dtype):
         raise ValueError(f"unknown dtype {name!r}: use auto, bfloat16, float16 or float32")
     return getattr(torch, name)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA): timers read after this are honest."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -76,8 +76,9 @@ def test_sane_values(result):
 def test_graphed_step_bench_replays_and_trains_as_the_eager_one():
     """--cuda-graph-step (a CPU stand-in capture; on CUDA the real one): the warm-up runs eagerly, every
     timed step is a replay, no phase split is claimed, and the losses are the eager bench's."""
+    from testkit import dry_capture
+
     from dflash_train.bench.run import BenchConfig, run_bench
-    from dflash_train.testing import dry_capture
 
     def quiet(*_):
         pass

@@ -60,13 +60,13 @@ def test_reference_configuration_is_about_38_gflop():
 
 
 def test_flop_counter_agrees_on_tiny_model():
+    from testkit import tiny_drafter, tiny_qwen3
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     from dflash_train.models.attention import build_masks
     from dflash_train.models.target import Target
     from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
-    from dflash_train.testing import tiny_drafter, tiny_qwen3
 
     target = Target(tiny_qwen3(num_layers=6))
     drafter, cfg = tiny_drafter(target, num_layers=2, block_size=4)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.data.batching import BatchIterator, BatchPlan
 from dflash_train.models.attention import document_layout
 from dflash_train.models.target import Target
 from dflash_train.objective.blocks import anchor_candidates, sample_batch_anchors, uniform_anchors
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 BLOCK = 4
 LENGTHS = [9, 13, 6]  # three conversations packed into one row of SEQ
@@ -273,8 +273,9 @@ def test_packed_training_learns_with_less_padding(tmp_path):
     import json
     from pathlib import Path
 
+    from testkit import tiny_chat_job, tiny_chat_target
+
     from dflash_train.config import config_from_dict
-    from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.loop import train
 
     smollm2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

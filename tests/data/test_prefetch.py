@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict
 from dflash_train.data.prefetch import PrefetchedBatches
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

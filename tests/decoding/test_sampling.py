@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.speculative import speculative_accept, speculative_generate, warp
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 # chi-square critical values at significance 1e-4 by degrees of freedom
 CHI2_CRIT = {1: 15.14, 2: 18.42, 3: 21.11, 4: 23.51, 5: 25.74, 6: 27.86, 7: 29.88}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.skinny import (
     make_linear,
@@ -16,7 +17,6 @@ from dflash_train.decoding.skinny import (
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 
 @pytest.mark.parametrize("rows", [2, 16, 64])

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import (
+    NoisyCheckedProposer,
+    one_hot_logits,
+    random_prompts,
+    tiny_drafter,
+    tiny_qwen3,
+)
 
 from dflash_train.decoding.speculative import (
     DFlashProposer,
@@ -14,13 +21,6 @@ from dflash_train.decoding.speculative import (
 )
 from dflash_train.models.attention import build_masks
 from dflash_train.models.target import Target
-from dflash_train.testing import (
-    NoisyCheckedProposer,
-    one_hot_logits,
-    random_prompts,
-    tiny_drafter,
-    tiny_qwen3,
-)
 
 VOCAB = 128
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import random_prompts, tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.speculative import DFlashProposer, speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
-from dflash_train.testing import random_prompts, tiny_drafter, tiny_qwen3
 
 VOCAB = 128
 

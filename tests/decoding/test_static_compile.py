@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.grouped import NAME, grouped_attention, grouped_sdpa
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
 

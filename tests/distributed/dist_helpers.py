@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from testkit import tiny_chat_job, tiny_chat_target
+
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from serving_helpers import write_serving_folder
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.speculative import speculative_generate
 from dflash_train.eval.loader import load_drafter_folder
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
+from testkit import NoisyCheckedProposer, random_prompts, tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.eval.replay import greedy_references, load_or_make_references, replay, replay_one
 from dflash_train.models.target import Target
-from dflash_train.testing import NoisyCheckedProposer, random_prompts, tiny_drafter, tiny_qwen3
 
 VOCAB = 128
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_qwen3
 
 from dflash_train.data.generators import SamplingParams
 from dflash_train.decoding.batched import StaticCacheGenerator
-from dflash_train.testing import tiny_qwen3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

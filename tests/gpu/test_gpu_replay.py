@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_drafter
 
 from dflash_train.decoding.speculative import DFlashProposer, speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.eval.replay import block_states, greedy_references, replay_one, replay_one_batched
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

@@ -10,11 +10,11 @@ import warnings
 
 import pytest
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 128
@@ -66,7 +66,7 @@ def test_compiled_graphs_on_smollm2_equal_reference():
     float32: plain greedy's tokens and the reference loop's acceptance lengths."""
     from pathlib import Path
 
-    from dflash_train.testing import tiny_drafter as make_drafter
+    from testkit import tiny_drafter as make_drafter
 
     path = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
     if not (path / "config.json").exists():

@@ -181,8 +181,9 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     schedule moving every step. Packed rows replay every step after the warm-up. Also with the loss
     on the first positions only and reach weighting (``train.loss_positions``, ``reach_weighting``), and
     with Muon (``optim.name=muon``: its Newton-Schulz iterations and device-side skip in the graph)."""
+    from testkit import tiny_chat_job, tiny_chat_target
+
     from dflash_train.config import config_from_dict
-    from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.trainer import Trainer
 
     out = {}
@@ -217,8 +218,9 @@ def test_feature_cache_spilled_to_host_trains_as_the_target_does(tmp_path):
     """Half the feature cache in host memory (``train.feature_cache_gib``): the prefetching thread
     gathers spilled rows into pinned memory and the step copies them asynchronously while the step
     graph replays; 30 steps (several epochs) give the losses of recomputing the target each step."""
+    from testkit import tiny_chat_job, tiny_chat_target
+
     from dflash_train.config import config_from_dict
-    from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.trainer import Trainer
 
     losses, caches = {}, {}

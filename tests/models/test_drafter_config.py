@@ -6,10 +6,10 @@ import json
 from fractions import Fraction
 
 import pytest
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.models.config import DrafterConfig, check_target_layer_ids, default_target_layer_ids
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 
 def authors_ids(L: int, n: int) -> list[int]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_qwen3
 
 from dflash_train.models.config import DrafterConfig, default_target_layer_ids, resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.testing import tiny_qwen3
 
 
 def test_features_equal_output_hidden_states_and_stop_early():

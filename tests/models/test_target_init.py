@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_chat_job, tiny_chat_target, tiny_qwen3
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target
 from dflash_train.models.target_init import init_from_target
-from dflash_train.testing import tiny_chat_job, tiny_chat_target, tiny_qwen3
 from dflash_train.train import trainer as trainer_mod
 from dflash_train.train.loop import train
 

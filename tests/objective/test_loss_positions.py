@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.config import TrainConfig
 from dflash_train.models.target import Target
 from dflash_train.objective.blocks import sample_batch_anchors
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 
 BLOCK = 6
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_drafter
 
 from dflash_train.models.attention import build_masks
 from dflash_train.objective.blocks import (
@@ -15,7 +16,6 @@ from dflash_train.objective.blocks import (
     sample_batch_anchors,
 )
 from dflash_train.objective.loss import acceptance_stats, chunked_weighted_ce, dflash_loss, reference_loss
-from dflash_train.testing import tiny_drafter
 
 
 def test_anchors_obey_loss_mask_rule_and_are_fresh_per_epoch():

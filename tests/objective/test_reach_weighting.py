@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.config import TrainConfig
 from dflash_train.models.target import Target
 from dflash_train.objective.loss import _even_chunk, chunked_weighted_ce, reference_loss
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 from tests.objective.test_loss_positions import BLOCK, _batch
 
 
@@ -147,8 +147,9 @@ def test_tiny_training_with_reach_weighting_runs_and_learns(tmp_path):
     import math
     from pathlib import Path
 
+    from testkit import tiny_chat_job, tiny_chat_target
+
     from dflash_train.config import config_from_dict
-    from dflash_train.testing import tiny_chat_job, tiny_chat_target
     from dflash_train.train.loop import train
 
     smollm2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
+from testkit import tiny_drafter, tiny_qwen3
 from torch._dynamo.utils import counters
 
 from dflash_train.models.target import Target
 from dflash_train.objective.blocks import sample_batch_anchors
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.run_folder import COMPILE_ARTIFACTS
-from dflash_train.testing import tiny_drafter, tiny_qwen3
 from dflash_train.train import compilation
 from dflash_train.train.parallelize import parallelize_drafter
 

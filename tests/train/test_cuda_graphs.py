@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from testkit import tiny_qwen3
 
 from dflash_train.data.batching import MicroBatch
 from dflash_train.models.target import Target
-from dflash_train.testing import tiny_qwen3
 from dflash_train.train.cuda_graphs import GraphedCall
 from dflash_train.train.features import LocalFeatures
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import transformers
+from testkit import tiny_chat_job
 
 from dflash_train.config import config_from_dict
 from dflash_train.distributed.launch import run
-from dflash_train.testing import tiny_chat_job
 from dflash_train.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

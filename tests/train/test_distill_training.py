@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+from testkit import tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict, load_config
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

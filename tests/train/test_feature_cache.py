@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.data.batching import MicroBatch
 from dflash_train.models.attention import document_layout
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train import trainer as trainer_module
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache
 from dflash_train.train.loop import train

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import dry_capture, tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict
-from dflash_train.testing import dry_capture, tiny_chat_job, tiny_chat_target
 from dflash_train.train import trainer as trainer_mod
 from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.loop import train

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from testkit import tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.models.target import Target
 from dflash_train.run_folder import complete_checkpoints, latest_checkpoint
-from dflash_train.testing import tiny_chat_job, tiny_chat_target
 from dflash_train.train.loop import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,9 +310,9 @@ def test_heldout_eval_adds_no_compiled_graphs(tmp_path):
     (seen on the H200 in every in-training evaluation). Evaluation must add no graphs."""
     from types import SimpleNamespace
 
+    from testkit import tiny_drafter
     from torch._dynamo.utils import counters
 
-    from dflash_train.testing import tiny_drafter
     from dflash_train.train.heldout import HeldoutEvaluator
     from dflash_train.train.parallelize import parallelize_drafter
 

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from dflash_train.bench.flops import Shape, step_flops
 from dflash_train.config import OptimConfig
 from dflash_train.data.batching import MicroBatch
-from dflash_train.devices import resolve_device, resolve_dtype
+from dflash_train.devices import resolve_device, resolve_dtype, synchronize
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -145,16 +145,11 @@ def _indexed(device: torch.device) -> torch.device:
     return device
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # -- models --------------------------------------------------------------------------------
 def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
     """Random-weight Qwen3-8B-shaped target built directly on ``device``, tiny, or a folder."""
     if name == "tiny":
-        from dflash_train.testing import tiny_qwen3
+        from dflash_train.models.tiny import tiny_qwen3
 
         return Target(tiny_qwen3(num_layers=8).to(device=device, dtype=dtype))
     if name == "qwen3-8b":
@@ -207,10 +202,10 @@ def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, seconds:
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     a @ b
-    _sync(device)
+    synchronize(device)
     one = max(time.perf_counter() - start, 1e-6)
     iters = max(3, min(200, int(seconds / one)))
     if device.type == "cuda":
@@ -312,7 +307,7 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     # the colocated trainer's data parallelism: one gradient all-reduce per step
     parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
     drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
-    _sync(device)
+    synchronize(device)
     build_s = time.perf_counter() - t0
     log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
 
@@ -342,10 +337,10 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     # warm-up: synchronized, one by one
     warmup_times = []
     for i in range(cfg.warmup):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         train_step(batches[i], i)
-        _sync(device)
+        synchronize(device)
         warmup_times.append(time.perf_counter() - start)
         log(f"warm-up step {i + 1}: {warmup_times[-1]:.2f}s")
 
@@ -355,7 +350,7 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     graphs_before = _dynamo_graphs()
     kept_blocks = 0
     losses = []
-    _sync(device)
+    synchronize(device)
     if world > 1:  # every rank starts its timed loop together
         dist.barrier()
     start = time.perf_counter()
@@ -363,7 +358,7 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
         result = train_step(batches[i], i)
         losses.append(result.loss)
         kept_blocks += result.kept_blocks
-    _sync(device)
+    synchronize(device)
     timed_s = _across_ranks(time.perf_counter() - start, device, world)  # the slowest rank's loop
     kept_blocks = int(_across_ranks(kept_blocks, device, world, op="sum"))
     step_s = timed_s / cfg.steps
@@ -380,14 +375,14 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
         clock = {"t": 0.0}
 
         def mark(phase: str) -> None:
-            _sync(device)
+            synchronize(device)
             now = time.perf_counter()
             phase_totals[phase] += now - clock["t"]
             clock["t"] = now
 
         begin = cfg.warmup + cfg.steps
         for i in range(begin, begin + cfg.profile_steps):
-            _sync(device)
+            synchronize(device)
             clock["t"] = time.perf_counter()
             train_step(batches[i], i, mark)
         phase_totals = {k: v / cfg.profile_steps for k, v in phase_totals.items()}

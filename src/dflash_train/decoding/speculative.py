@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from dflash_train.devices import synchronize
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
@@ -277,11 +278,6 @@ def record_step(result: SpecResult, accepted: int, num_draft: int) -> None:
         result.position_accepted[k] += 1
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _truncate(new: list[int], budget: int, stop: set[int]) -> tuple[list[int], bool]:
     """Cut ``new`` after the first stop token or at ``budget`` tokens; (kept, finished)."""
     for i, tok in enumerate(new[:budget]):
@@ -361,11 +357,11 @@ def speculative_generate(
         return result
     proposer.reset()
 
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     logits, cache, features = _target_forward(target, layer_ids, input_ids, None)
     first = _next_token(logits[-1], temperature, top_p, generator)
-    _sync(device)
+    synchronize(device)
     t1 = time.perf_counter()
     result.prefill_time = t1 - t0
 
@@ -386,7 +382,7 @@ def speculative_generate(
         else:
             drafts = torch.zeros(0, dtype=torch.long, device=device)
             q = None
-        _sync(device)
+        synchronize(device)
         tb = time.perf_counter()
         block_ids = torch.cat([torch.tensor([tokens[-1]], device=device), drafts]).unsqueeze(0)
         logits, cache, feats = _target_forward(target, layer_ids, block_ids, cache)
@@ -394,7 +390,7 @@ def speculative_generate(
             accepted, bonus = greedy_accept(logits, drafts)
         else:
             accepted, bonus = speculative_accept(warp(logits, temperature, top_p), q, drafts, generator)
-        _sync(device)
+        synchronize(device)
         result.draft_time += tb - ta
         result.verify_time += time.perf_counter() - tb
 
@@ -407,7 +403,7 @@ def speculative_generate(
         if not finished:
             crop_cache(cache, p + accepted + 1)  # keep the verified positions: last token + accepted drafts
             features = feats[:, : accepted + 1] if feats is not None else None
-    _sync(device)
+    synchronize(device)
     result.decode_time = time.perf_counter() - t1
     result.tokens = generated
     return result
@@ -439,7 +435,7 @@ def target_generate(
         return result
     top_vals, top_ids = [], []
     cache = None
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     t1 = None
     while True:
@@ -452,13 +448,13 @@ def target_generate(
         tok = _next_token(logits, temperature, top_p, generator)
         result.tokens.append(tok)
         if t1 is None:
-            _sync(device)
+            synchronize(device)
             t1 = time.perf_counter()
             result.prefill_time = t1 - t0
         if tok in stop or len(result.tokens) >= max_new_tokens:
             break
         ids = torch.tensor([[tok]], device=device)
-    _sync(device)
+    synchronize(device)
     result.decode_time = time.perf_counter() - t1
     if record_topk:
         result.topk_values = torch.stack(top_vals).cpu()

@@ -48,6 +48,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from dflash_train.devices import synchronize
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
@@ -55,7 +56,7 @@ from .cache import KVBuffers, capture_cuda_graph
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
 from .skinny import check_linear_mode, skinny_linear
-from .speculative import GenResult, SpecResult, _cfg, _sync, _truncate, record_step
+from .speculative import GenResult, SpecResult, _cfg, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
 STEPS = ("plain", "verify", "draft")
@@ -326,11 +327,11 @@ class StaticDecoder:
         result = SpecResult([], [], [0] * num_draft, [0] * num_draft, self.block)
         if max_new_tokens <= 0:
             return result
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         logits, features = self._prefill(input_ids, True)
         first = int(logits[-1].argmax())
-        _sync(self.device)
+        synchronize(self.device)
         t1 = time.perf_counter()
         result.prefill_time = t1 - t0
         generated, finished = [first], first in stop or max_new_tokens <= 1
@@ -365,7 +366,7 @@ class StaticDecoder:
                 self.anchor_pos.fill_(p)
                 self.anchor.fill_(generated[-1])
                 drafts = self.draft_step()
-        _sync(self.device)
+        synchronize(self.device)
         result.decode_time = time.perf_counter() - t1
         result.tokens = generated
         return result
@@ -384,7 +385,7 @@ class StaticDecoder:
         if max_new_tokens <= 0:
             return result
         top_vals, top_ids = [], []
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         logits, _ = self._prefill(input_ids, False)
         logits, t1 = logits[-1].float(), None
@@ -404,7 +405,7 @@ class StaticDecoder:
             self.plain_ids.fill_(tok)
             self.plain_pos.fill_(prompt_len + len(result.tokens) - 1)
             logits, choice = self.plain_step()
-        _sync(self.device)
+        synchronize(self.device)
         result.decode_time = time.perf_counter() - t1
         if record_topk:
             result.topk_values = torch.stack(top_vals).cpu()

@@ -19,14 +19,8 @@ from __future__ import annotations
 import json
 import time
 
-import torch
-
 from dflash_train.config import JobConfig
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from dflash_train.devices import synchronize
 
 
 def measure(cfg: JobConfig, steps: int = 3, echo=print) -> dict:
@@ -43,20 +37,20 @@ def measure(cfg: JobConfig, steps: int = 3, echo=print) -> dict:
     target_time, target_tokens = 0.0, 0
     for i, mb in enumerate(micro):  # fills the cache the drafter's steps then read
         ids, attention = mb.input_ids.to(trainer.device), mb.attention_mask.to(trainer.device)
-        _sync(trainer.device)
+        synchronize(trainer.device)
         start = time.perf_counter()
         trainer.source.features(mb, ids, attention)
-        _sync(trainer.device)
+        synchronize(trainer.device)
         if i >= per_step:  # the first step is a warm-up
             target_time += time.perf_counter() - start
             target_tokens += int(mb.attention_mask.sum())
     drafter_time, drafter_tokens = 0.0, 0
     for s in range(steps + 1):
         batch = micro[s * per_step:(s + 1) * per_step]
-        _sync(trainer.device)
+        synchronize(trainer.device)
         start = time.perf_counter()
         trainer.train_step(batch)
-        _sync(trainer.device)
+        synchronize(trainer.device)
         if s > 0:
             drafter_time += time.perf_counter() - start
             drafter_tokens += sum(int(mb.attention_mask.sum()) for mb in batch)

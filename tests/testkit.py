@@ -1,7 +1,7 @@
-"""Tiny random targets and drafters built from configs (no download).
+"""Test helpers: tiny drafters, chat data and jobs, proposers and graph-capture fakes.
 
-Used by the test suite and by ``bench`` on CPU: random weights cost the same FLOPs
-as real ones, and tiny shapes make exhaustive reference checks cheap.
+Imported by tests as ``from testkit import ...`` (``tests/`` is on ``sys.path`` through its
+conftest). Not part of the package: nothing under ``src/`` may import it.
 """
 
 from __future__ import annotations
@@ -10,18 +10,7 @@ import random
 
 import torch
 
-
-def tiny_qwen3(num_layers: int = 6, hidden: int = 64, vocab: int = 128, tie: bool = False, seed: int = 0):
-    """A random Qwen3 causal LM small enough for exhaustive CPU tests."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-        tie_word_embeddings=tie, rope_theta=10000.0,
-    )
-    return Qwen3ForCausalLM(config).eval()
+from dflash_train.models.tiny import tiny_qwen3  # noqa: F401  (re-exported for tests)
 
 
 def tiny_drafter(target, num_layers=2, block_size=4, layer_types=None, sliding_window=None, seed=0, **kw):
