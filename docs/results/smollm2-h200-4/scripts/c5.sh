@@ -1,6 +1,0 @@
-#!/bin/bash
-# call 5 (the last 260 s of the device budget, one command line as run): the loop-trimmed ablation's
-# replay (its replay had not started before call 3 ended), the batched replay of m2 (call 3 ran it
-# with 25 s left and it was cut), and the bf16 step times of the main drafter with and without the
-# compiled draft step.
-source .gpu/s/env.sh; LIMIT=200; mkdir -p $OUT/x; (timeout 60 bash .gpu/s/replayrun.sh $K/runs/trim-loops/run $K/runs/trim-loops; cp $K/runs/trim-loops/eval.json $OUT/x/trim-eval.json; tail -5 $K/runs/trim-loops/replay.log $K/runs/trim-loops/train.log > $OUT/x/trim.txt) & timeout 60 $PY -m dflash_train.eval.replay --target assets/smollm2 --drafter $K/runs/m2/drafter --prompts $HELD --limit 40 --max-new-tokens 128 --dtype float32 --device cuda --references $K/refs.json --batched --out $K/runs/batched > $OUT/x/batched.log 2>&1; cp $K/runs/batched/eval.json $OUT/x/batched-eval.json; wait; timeout 110 $PY -m dflash_train.decoding.bench_steps --target assets/smollm2 --drafter $K/main/eval24/drafter --dtype bfloat16 --device cuda --variants cudagraph-fused,compile-draft+cudagraph-fused --time-budget-s 80 --out $OUT/x/steps-bf16-main.json > $OUT/x/steps.log 2>&1; tail -4 $OUT/x/steps.log; tail -3 $OUT/x/batched.log; cat $OUT/x/trim.txt | tail -3

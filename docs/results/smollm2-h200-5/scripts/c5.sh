@@ -1,5 +1,0 @@
-#!/bin/bash
-# call 5 (the last 285 s of the device budget, one command line as run): bs16 again (run-to-run
-# spread), bs8, and bs16 at twice the learning rate, 0.6 min of steps each alone on the GPU, replayed
-# (batched) on the 40 held-out prompts and compared with call 3's base.
-source .gpu/s/env.sh; printf 'bs16|data.token_budget=8192\nbs8|data.token_budget=4096\nbs16lr|data.token_budget=8192 optim.lr=1.2e-3\n' > /tmp/v.txt; while IFS='|' read -r n ov; do d=$K/runs2/$n; mkdir -p $d; env CUDA_VISIBLE_DEVICES=0 timeout 85 $DFT train $COMMON train.run_dir=$d/run train.time_budget_minutes=0.6 train.log_every=25 $ov > $d/train.log 2>&1; cp $d/run/summary.json $d/; echo "$n $(date +%s)"; REPLAY_ARGS=--batched timeout 60 bash .gpu/s/replayrun.sh $d/run $d & done < /tmp/v.txt; wait; python3 -m dflash_train.eval.compare $K/runs/base/eval.json $K/runs2/bs16/eval.json $K/runs2/bs8/eval.json $K/runs2/bs16lr/eval.json $K/runs/bs16/eval.json --prompts 1-24 --prompts 25-40 --prompts 1-40 --json $K/runs2/compare.json; cd $K && tar czf $OUT/c5.tgz runs2/*/train.log runs2/*/eval.json runs2/*/summary.json runs2/compare.json
