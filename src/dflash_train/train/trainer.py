@@ -21,7 +21,7 @@ from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
 from dflash_train.train.checkpoint import CheckpointManager
-from dflash_train.train.features import LocalFeatures, SampleFeatureCache
+from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
 from dflash_train.train.metrics import MetricLogger, MetricWindow
 from dflash_train.train.optim import skips_on_device
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter
@@ -122,6 +122,7 @@ class Trainer:
         self.step = build_train_step(spec, self.model, self.drafter, self.target, cfg.optim, self.total_steps,
                                      self.device, self.dtype, self.ranks, spent)
         self.opts, self.optimizer, self.scheduler = self.step.opts, self.step.optimizer, self.step.scheduler
+        self.graph_target_forward = replays_target_forward(cfg.train.cuda_graphs, cfg.train.fsdp_target, self.device)
         self.source = self._feature_source(features)
         self.timings = timings
         self._graph_the_step(data_parallel)
