@@ -1,8 +1,8 @@
 """Disaggregated training: target ranks compute features, drafter ranks train on them.
 
 Topology (``--target-ranks N --drafter-ranks M``, N + M == WORLD_SIZE): ranks ``0..M-1``
-are drafters (so drafter rank r == global rank r: rank 0 logs and writes checkpoints, RNG
-files keep their names), ranks ``M..M+N-1`` are targets.
+are drafters (so drafter rank r == global rank r: rank 0 logs and writes checkpoints), ranks
+``M..M+N-1`` are targets.
 
 Data: every rank builds the same ``BatchPlan`` (packed rows or not). A drafter walks its own ``BatchIterator``
 (rank r of M) exactly as in colocated training; a target walks one global iterator
