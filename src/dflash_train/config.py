@@ -354,3 +354,12 @@ def load_config(path_or_recipe: str | None, overrides: list[str] = ()) -> JobCon
     cfg = config_from_dict(apply_overrides(data, list(overrides)))
     cfg.validate()
     return cfg
+
+
+def job_from_args(args) -> JobConfig:
+    """The job a ``train`` command line names (one process or torchrun): ``args.config`` (a file or
+    a recipe), ``args.overrides``, and ``--resume`` as ``train.resume``."""
+    overrides = list(args.overrides)
+    if getattr(args, "resume", None):
+        overrides.append(f"train.resume={args.resume}")
+    return load_config(args.config, overrides)

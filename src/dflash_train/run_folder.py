@@ -124,3 +124,21 @@ def verify_checkpoint(path: Path) -> str | None:
         if actual[name]["sha256"] != want["sha256"]:
             return f"{name} does not match its sha256 checksum (its bytes changed after the save)"
     return None
+
+
+def newest_verified(run_dir: str | Path, usable=is_complete, on_corrupt=None) -> Path | None:
+    """The newest checkpoint of a run that ``usable`` accepts (default: complete) and whose files
+    match their checksums; None when the run has no usable one. A newer one that does not verify is
+    passed over and reported to ``on_corrupt(folder, problem)``; usable ones that all fail are an
+    error. What ``train.resume=auto`` resumes from and what ``export`` exports from a run folder."""
+    candidates = [folder for folder in checkpoint_folders(run_dir) if usable(folder)]
+    for folder in reversed(candidates):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            return folder
+        if on_corrupt is not None:
+            on_corrupt(folder, problem)
+    if candidates:
+        raise ValueError(f"{run_dir}: none of its {len(candidates)} complete checkpoint(s) verifies against "
+                         f"its checksums")
+    return None

@@ -57,8 +57,7 @@ class _Tokenizer:
 def test_heldout_evaluator_reads_the_named_set():
     from dflash_train.train.heldout import HeldoutEvaluator
 
-    cfg = SimpleNamespace(eval=SimpleNamespace(prompts="heldout", num_prompts=5, max_new_tokens=8))
-    evaluator = HeldoutEvaluator(SimpleNamespace(cfg=cfg, target=SimpleNamespace(tokenizer=_Tokenizer())))
+    evaluator = HeldoutEvaluator(SimpleNamespace(prompts="heldout", num_prompts=5, max_new_tokens=8), _Tokenizer())
     assert Path(evaluator.source) == heldout_prompts_path() and len(evaluator.prompt_ids) == 5
     first = heldout_prompts_path().read_text(encoding="utf-8").splitlines()[0]
     assert evaluator.prompt_ids[0] == [len(word) for word in first.split()]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # dist_helpers, testkit
 
 from dist_helpers import job, tiny_target  # noqa: E402
 

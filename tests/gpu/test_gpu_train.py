@@ -74,7 +74,7 @@ def test_cold_compile_cache_with_activation_checkpointing(tmp_path):
     script = tmp_path / "cold.py"
     script.write_text(f"""
 import json, sys, time
-sys.path.insert(0, {str(REPO / 'tests' / 'train')!r})
+sys.path[:0] = [{str(REPO / 'tests' / 'train')!r}, {str(REPO / 'tests')!r}]
 from pathlib import Path
 from test_train import job, tiny_target
 from dflash_train.config import config_from_dict

@@ -14,7 +14,7 @@ from testkit import tiny_qwen3
 from dflash_train.data.batching import MicroBatch
 from dflash_train.models.target import Target
 from dflash_train.train.cuda_graphs import GraphedCall
-from dflash_train.train.features import LocalFeatures
+from dflash_train.train.features import LocalFeatures, replays_target_forward
 
 
 class InPlaceGraph:
@@ -76,8 +76,7 @@ def _packed_micro_batch(seed: int) -> MicroBatch:
 def test_local_features_replayed_equal_the_eager_target(distill):
     target = Target(tiny_qwen3())
     trainer = SimpleNamespace(batches=None, target=target, drafter_cfg=SimpleNamespace(target_layer_ids=[0, 3]),
-                              opts=SimpleNamespace(distill=distill), cfg=SimpleNamespace(train=SimpleNamespace(
-                                  cuda_graphs=True, fsdp_target=False)), device=torch.device("cpu"))
+                              opts=SimpleNamespace(distill=distill), graph_target_forward=False)
     graphed = LocalFeatures(trainer, capture=fake_capture)
     eager = LocalFeatures(trainer)
     assert eager.graphed is None and graphed.graphed is not None  # no capture on the CPU by default
@@ -96,8 +95,9 @@ def test_local_features_replayed_equal_the_eager_target(distill):
 def test_cuda_graphs_are_off_for_a_target_sharded_with_fsdp(fsdp_target, graphed):
     """FSDP2 gathers the target's parameters into storage that changes between calls: a replayed
     graph would read stale memory, so a sharded target runs eagerly."""
-    train = SimpleNamespace(cuda_graphs=True, fsdp_target=fsdp_target)
+    replays = replays_target_forward(True, fsdp_target, torch.device("cuda"))
     trainer = SimpleNamespace(batches=None, target=None, drafter_cfg=SimpleNamespace(target_layer_ids=[0]),
-                              opts=SimpleNamespace(distill=0.0), cfg=SimpleNamespace(train=train),
-                              device=torch.device("cuda"))
-    assert (LocalFeatures(trainer).graphed is not None) == graphed
+                              opts=SimpleNamespace(distill=0.0), graph_target_forward=replays)
+    assert replays == graphed and (LocalFeatures(trainer).graphed is not None) == graphed
+    assert not replays_target_forward(True, False, torch.device("cpu"))
+    assert not replays_target_forward(False, False, torch.device("cuda"))

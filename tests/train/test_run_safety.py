@@ -59,9 +59,7 @@ def test_pruning_deletes_only_this_runs_history(tmp_path):
 
 
 def test_pruning_keeps_the_checkpoint_summary_names(tmp_path):
-    from types import SimpleNamespace
-
-    from dflash_train.train.checkpoint import prune
+    from dflash_train.train.checkpoint import CheckpointManager
 
     folder = tmp_path / "run"
     for step in (2, 4, 6, 8, 10):
@@ -69,9 +67,10 @@ def test_pruning_keeps_the_checkpoint_summary_names(tmp_path):
         ckpt.mkdir(parents=True)
         (ckpt / "COMPLETE").write_text("")
     (folder / "summary.json").write_text(json.dumps({"checkpoint": str(folder / "checkpoints" / "step-00000004")}))
-    trainer = SimpleNamespace(counters=SimpleNamespace(step=8), resumed_step=4,
-                              checkpoints_written={"step-00000006", "step-00000008"})
-    prune(trainer, folder, keep_last=1)
+    manager = CheckpointManager(folder, model=None, optimizer=None, drafter=None, parts={}, config={},
+                                drafter_config={}, step=lambda: 8, keep_last=1)
+    manager.resumed_step, manager.written = 4, {"step-00000006", "step-00000008"}
+    manager.prune()
     # 2 goes (this history, before the resume), 4 is summary.json's, 6 is superseded by 8,
     # 10 is newer than this run's step: not this run's to delete
     assert names(folder) == ["step-00000004", "step-00000008", "step-00000010"]

@@ -131,7 +131,7 @@ def test_config_errors_say_what_to_fix(tmp_path):
 
 SCRIPT = """
 import json, sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {kit!r}]
 from test_train import job, tiny_target
 from dflash_train.config import config_from_dict
 from dflash_train.train import checkpoint
@@ -166,7 +166,7 @@ print("EXITED", flush=True)
 
 def _spawn(tmp_path: Path, mode: str) -> subprocess.Popen:
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(tests=str(REPO / "tests" / "train"), tmp=str(tmp_path)))
+    script.write_text(SCRIPT.format(tests=str(REPO / "tests" / "train"), kit=str(REPO / "tests"), tmp=str(tmp_path)))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
@@ -327,9 +327,9 @@ def test_heldout_eval_adds_no_compiled_graphs(tmp_path):
     drafter(target.embed(ids[:, 36:]), target.features(ids[:, :36], None, drafter.config.target_layer_ids),
             torch.arange(36, 40)[None], torch.arange(36)[None])
     compiled = counters["stats"]["unique_graphs"]
-    cfg = SimpleNamespace(eval=SimpleNamespace(prompts=str(prompts), num_prompts=2, max_new_tokens=24))
-    trainer = SimpleNamespace(cfg=cfg, target=target, drafter=drafter, ranks=SimpleNamespace(is_main=True),
+    cfg = SimpleNamespace(prompts=str(prompts), num_prompts=2, max_new_tokens=24)
+    trainer = SimpleNamespace(target=target, drafter=drafter, ranks=SimpleNamespace(is_main=True),
                               counters=SimpleNamespace(step=0), echo=lambda *a: None, logger=None)
-    tau = HeldoutEvaluator(trainer)(trainer)
+    tau = HeldoutEvaluator(cfg, target.tokenizer)(trainer)
     assert compiled > 0 and tau >= 1.0
     assert counters["stats"]["unique_graphs"] == compiled

@@ -62,13 +62,9 @@ from dflash_train.devices import resolve_device, resolve_dtype, synchronize
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.objective.blocks import default_gamma
-from dflash_train.objective.step import ObjectiveOptions
 from dflash_train.train import compilation
-from dflash_train.train.cuda_graphs import GraphedStep
-from dflash_train.train.optim import build_optimizer, build_scheduler
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter
-from dflash_train.train.step import Anchors, TrainStep
+from dflash_train.train.step import StepSpec, TrainStep, build_train_step
 from dflash_train.train.trainer import RankInfo
 
 QWEN3_8B_CONFIG = dict(
@@ -285,158 +281,208 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     if cfg.cuda_graph_step and not cfg.device.startswith("cuda") and test_capture is None:
         raise ValueError("bench: --cuda-graph-step needs a CUDA device")
     world, rank = (env.world, env.rank) if env is not None else (1, 0)
-    if rank != 0:
-        log = _noop
-    device = _indexed(resolve_device(cfg.device, "bench --device"))
-    dtype = getattr(torch, cfg.dtype)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    bench = StepBench.build(cfg, world, rank, log if rank == 0 else _noop, test_capture)
+    warmup_times = bench.warm_up()
+    timed = bench.timed()
+    phases = bench.profiled()
+    return bench.report(warmup_times, timed, phases)
 
-    ceiling_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    ceiling_size = cfg.matmul_size or (8192 if device.type == "cuda" else 1024)
-    ceiling = matmul_ceiling(device, ceiling_size, ceiling_dtype)
-    log(f"matmul ceiling {ceiling:.1f} TFLOP/s ({ceiling_size}^3 {ceiling_dtype})")
 
-    cache = "n/a"
-    if cfg.compile:
-        folder = compilation.use_persistent_cache()
-        cache = compilation.cache_state(folder)
-        log(f"compile cache {cache}: {folder}")
-    t0 = time.perf_counter()
-    target = build_target(cfg.target_config, device, dtype)
-    # the colocated trainer's data parallelism: one gradient all-reduce per step
-    parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
-    drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
-    synchronize(device)
-    build_s = time.perf_counter() - t0
-    log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
+@dataclass
+class Ceiling:
+    """The MFU denominator: a square matmul's achieved TFLOP/s, measured in this process."""
 
-    optim_cfg = OptimConfig(name=cfg.optim)
-    optim_cfg.validate()
-    optimizer = build_optimizer(drafter, optim_cfg, fused=device.type in ("cuda", "cpu"))
-    total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
-    scheduler = build_scheduler(optimizer, optim_cfg, total_steps)
-    opts = ObjectiveOptions(block_size=cfg.block_size, mask_token_id=dcfg.mask_token_id,
-                            gamma=default_gamma(cfg.block_size), attention=cfg.attention,
-                            loss_chunk_size=cfg.loss_chunk_size, compiled_loss=bool(cfg.compile))
-    ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
-    step = TrainStep(model, drafter, target, optimizer, scheduler, opts,
-                     Anchors("random", cfg.num_anchors, cfg.seed, cfg.block_size), optim_cfg.grad_clip,
-                     device, dtype, ranks)
-    if cfg.cuda_graph_step:
-        step.use_graph(GraphedStep(step.graph_body, optimizer,
-                                   capture=None if test_capture is None else test_capture(step)))
-    layer_ids = list(dcfg.target_layer_ids)
+    tflops: float
+    size: int
+    dtype: torch.dtype
 
-    def train_step(batch: MicroBatch, index: int, mark=_noop):
-        return step([batch], lambda mb, ids, attention: target.features(ids, attention, layer_ids), index + 1, mark)
+    @classmethod
+    def measure(cls, device: torch.device, size: int | None, log) -> Ceiling:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        size = size or (8192 if device.type == "cuda" else 1024)
+        tflops = matmul_ceiling(device, size, dtype)
+        log(f"matmul ceiling {tflops:.1f} TFLOP/s ({size}^3 {dtype})")
+        return cls(tflops, size, dtype)
 
-    vocab = target.facts.vocab_size
-    batches = [synthetic_batch(cfg, vocab, i, rank) for i in range(total_steps)]
+    def describe(self) -> str:
+        return f"{self.size}^3 {str(self.dtype).removeprefix('torch.')} matmul, measured"
 
-    # warm-up: synchronized, one by one
-    warmup_times = []
-    for i in range(cfg.warmup):
+
+@dataclass
+class TimedLoop:
+    """The main timed loop's outcome (the slowest rank's time, every rank's kept blocks)."""
+
+    seconds: float
+    kept_blocks: int
+    last_loss: float
+    graphs_before: int  # dynamo's graph count when the loop started (recompiles are counted from here)
+
+
+@dataclass
+class StepBench:
+    """The trainer's own step (``train/step.build_train_step``) on synthetic micro-batches, and
+    the measurements of it: warm-up, the timed loop, the profiled pass, the report."""
+
+    cfg: BenchConfig
+    world: int
+    rank: int
+    device: torch.device
+    target: Target
+    drafter: DFlashDrafter
+    dcfg: DrafterConfig
+    step: TrainStep
+    batches: list[MicroBatch]
+    ceiling: Ceiling
+    cache: str
+    build_s: float
+    log: object = _noop
+
+    @classmethod
+    def build(cls, cfg: BenchConfig, world: int, rank: int, log, test_capture=None) -> StepBench:
+        """Target, drafter (wrapped as the trainer wraps it) and step, timed as ``build_s``."""
+        device = _indexed(resolve_device(cfg.device, "bench --device"))
+        dtype = getattr(torch, cfg.dtype)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        ceiling = Ceiling.measure(device, cfg.matmul_size, log)
+        cache = "n/a"
+        if cfg.compile:
+            folder = compilation.use_persistent_cache()
+            cache = compilation.cache_state(folder)
+            log(f"compile cache {cache}: {folder}")
+        t0 = time.perf_counter()
+        target = build_target(cfg.target_config, device, dtype)
+        # the colocated trainer's data parallelism: one gradient all-reduce per step
+        parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
+        drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
         synchronize(device)
+        build_s = time.perf_counter() - t0
+        log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
+        optim = OptimConfig(name=cfg.optim)
+        optim.validate()
+        spec = StepSpec(cfg.block_size, dcfg.mask_token_id, cfg.num_anchors, cfg.seed, attention=cfg.attention,
+                        loss_chunk_size=cfg.loss_chunk_size, compiled=bool(cfg.compile))
+        total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
+        ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
+        step = build_train_step(spec, model, drafter, target, optim, total_steps, device, dtype, ranks)
+        if cfg.cuda_graph_step:
+            step.graph_whole_step(capture=None if test_capture is None else test_capture(step))
+        batches = [synthetic_batch(cfg, target.facts.vocab_size, i, rank) for i in range(total_steps)]
+        return cls(cfg, world, rank, device, target, drafter, dcfg, step, batches, ceiling, cache, build_s, log)
+
+    def train_step(self, index: int, mark=_noop):
+        layer_ids = list(self.dcfg.target_layer_ids)
+
+        def features(mb, ids, attention):
+            return self.target.features(ids, attention, layer_ids)
+
+        return self.step([self.batches[index]], features, index + 1, mark)
+
+    def warm_up(self) -> list[float]:
+        """The warm-up steps, synchronized and timed one by one (the first carries compilation)."""
+        times = []
+        for i in range(self.cfg.warmup):
+            synchronize(self.device)
+            start = time.perf_counter()
+            self.train_step(i)
+            synchronize(self.device)
+            times.append(time.perf_counter() - start)
+            self.log(f"warm-up step {i + 1}: {times[-1]:.2f}s")
+        if not times:  # the first timed step carries the compile; say so
+            self.log("no warm-up: the timed steps include compilation")
+        return times
+
+    def timed(self) -> TimedLoop:
+        """``steps`` steps back to back: one sync before, one after, none inside."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        graphs_before = _dynamo_graphs()
+        kept_blocks, losses = 0, []
+        synchronize(self.device)
+        if self.world > 1:  # every rank starts its timed loop together
+            dist.barrier()
         start = time.perf_counter()
-        train_step(batches[i], i)
-        synchronize(device)
-        warmup_times.append(time.perf_counter() - start)
-        log(f"warm-up step {i + 1}: {warmup_times[-1]:.2f}s")
+        for i in range(self.cfg.warmup, self.cfg.warmup + self.cfg.steps):
+            result = self.train_step(i)
+            losses.append(result.loss)
+            kept_blocks += result.kept_blocks
+        synchronize(self.device)
+        seconds = _across_ranks(time.perf_counter() - start, self.device, self.world)  # the slowest rank's loop
+        kept_blocks = int(_across_ranks(kept_blocks, self.device, self.world, op="sum"))
+        return TimedLoop(seconds, kept_blocks, float(losses[-1]) if losses else math.nan, graphs_before)
 
-    # timed loop: no syncs inside
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    graphs_before = _dynamo_graphs()
-    kept_blocks = 0
-    losses = []
-    synchronize(device)
-    if world > 1:  # every rank starts its timed loop together
-        dist.barrier()
-    start = time.perf_counter()
-    for i in range(cfg.warmup, cfg.warmup + cfg.steps):
-        result = train_step(batches[i], i)
-        losses.append(result.loss)
-        kept_blocks += result.kept_blocks
-    synchronize(device)
-    timed_s = _across_ranks(time.perf_counter() - start, device, world)  # the slowest rank's loop
-    kept_blocks = int(_across_ranks(kept_blocks, device, world, op="sum"))
-    step_s = timed_s / cfg.steps
-    first_step_s = warmup_times[0] if warmup_times else None
-    if not warmup_times:  # the first timed step carried the compile; say so
-        log("no warm-up: the timed steps include compilation")
-
-    # profiled pass: synchronize at phase boundaries
-    phase_totals = dict.fromkeys(PHASES, 0.0)
-    profiled_step_s = None
-    if cfg.profile_steps and step.graph is not None:  # one launch: no phase boundaries to time
-        phase_totals = None
-    elif cfg.profile_steps:
+    def profiled(self) -> dict | None:
+        """Seconds per phase of a separate pass of ``profile_steps`` steps, synchronized at every
+        phase boundary (None: the step is one CUDA graph, no boundaries to time)."""
+        totals = dict.fromkeys(PHASES, 0.0)
+        if not self.cfg.profile_steps:
+            return totals
+        if self.step.graph is not None:
+            return None
         clock = {"t": 0.0}
 
         def mark(phase: str) -> None:
-            synchronize(device)
+            synchronize(self.device)
             now = time.perf_counter()
-            phase_totals[phase] += now - clock["t"]
+            totals[phase] += now - clock["t"]
             clock["t"] = now
 
-        begin = cfg.warmup + cfg.steps
-        for i in range(begin, begin + cfg.profile_steps):
-            synchronize(device)
+        begin = self.cfg.warmup + self.cfg.steps
+        for i in range(begin, begin + self.cfg.profile_steps):
+            synchronize(self.device)
             clock["t"] = time.perf_counter()
-            train_step(batches[i], i, mark)
-        phase_totals = {k: v / cfg.profile_steps for k, v in phase_totals.items()}
-        profiled_step_s = sum(phase_totals.values())
-    recompiles = _dynamo_graphs() - graphs_before
-    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+            self.train_step(i, mark)
+        return {k: v / self.cfg.profile_steps for k, v in totals.items()}
 
-    # throughput and FLOPs
-    tokens_per_step = cfg.batch_size * cfg.seq_len * world
-    mean_anchor = (cfg.prompt_len + cfg.seq_len - 2) / 2  # anchors uniform over [prompt_len, S - 2]
-    flops = step_flops(Shape.of(target.facts), max(dcfg.target_layer_ids) + 1, Shape.of(dcfg),
-                       dcfg.num_hidden_layers, len(dcfg.target_layer_ids), cfg.seq_len, cfg.num_anchors,
-                       cfg.block_size, mean_anchor)
-    flops_per_step = flops.total * cfg.batch_size  # per GPU
-    achieved = flops_per_step / step_s / 1e12
-    last_loss = float(losses[-1]) if losses else math.nan
-    return {
-        "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
-                   "mask_token_id": dcfg.mask_token_id, "drafter_params": sum(p.numel() for p in drafter.parameters())},
-        "rank": rank,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch_version": torch.__version__,
-        "steps": cfg.steps,
-        "warmup": cfg.warmup,
-        "step_time_s": step_s,
-        "context_tokens_per_step": tokens_per_step,
-        "context_tokens_per_s": tokens_per_step / step_s,
-        "world_size": world,
-        "context_tokens_per_s_per_gpu": tokens_per_step / step_s / world,
-        "drafted_positions_per_step": kept_blocks * cfg.block_size / cfg.steps,
-        "drafted_positions_per_s": kept_blocks * cfg.block_size / timed_s,
-        "flops_per_context_token": flops.per_token,
-        "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in flops.per_token_breakdown().items()},
-        "achieved_tflops": achieved,
-        "matmul_ceiling_tflops": ceiling,
-        "matmul_ceiling": f"{ceiling_size}^3 {str(ceiling_dtype).removeprefix('torch.')} matmul, measured",
-        "mfu": achieved / ceiling,
-        "phase_seconds": phase_totals,
-        "profiled_step_s": profiled_step_s,
-        "phase_timing": ("none: the step is one CUDA graph (--cuda-graph-step)" if step.graph is not None else
-                         f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
-                         "synchronize at each phase boundary; the timed loop has no syncs"),
-        "cuda_graph_step": None if step.graph is None else {
-            "captured": step.graph.graph is not None, "replays": step.graph.replays,
-            "eager_steps": step.graph.eager_steps},
-        "peak_memory_gib": peak_gib,
-        "peak_host_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "build_s": build_s,
-        "first_step_s": first_step_s,
-        "compile_cache": cache,
-        "compile_s": compilation.compile_seconds()["total"] if cfg.compile else 0.0,
-        "compile_breakdown_s": compilation.compile_seconds() if cfg.compile else {},
-        "warmup_step_s": warmup_times,
-        "recompiles_after_warmup": recompiles,
-        "dynamo_graphs_total": _dynamo_graphs(),
-        "last_loss": last_loss,
-    }
+    def report(self, warmup_times: list[float], timed: TimedLoop, phases: dict | None) -> dict:
+        """The JSON object ``dflash-train bench`` prints (its keys are read by tests and docs)."""
+        cfg, dcfg, step = self.cfg, self.dcfg, self.step
+        recompiles = _dynamo_graphs() - timed.graphs_before
+        step_s = timed.seconds / cfg.steps
+        tokens_per_step = cfg.batch_size * cfg.seq_len * self.world
+        achieved = self._flops().total * cfg.batch_size / step_s / 1e12  # per GPU
+        drafted = timed.kept_blocks * cfg.block_size
+        return {
+            "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
+                       "mask_token_id": dcfg.mask_token_id,
+                       "drafter_params": sum(p.numel() for p in self.drafter.parameters())},
+            "rank": self.rank, **self._machine(), "steps": cfg.steps, "warmup": cfg.warmup,
+            "step_time_s": step_s, "context_tokens_per_step": tokens_per_step,
+            "context_tokens_per_s": tokens_per_step / step_s, "world_size": self.world,
+            "context_tokens_per_s_per_gpu": tokens_per_step / step_s / self.world,
+            "drafted_positions_per_step": drafted / cfg.steps, "drafted_positions_per_s": drafted / timed.seconds,
+            "flops_per_context_token": self._flops().per_token,
+            "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in self._flops().per_token_breakdown().items()},
+            "achieved_tflops": achieved, "matmul_ceiling_tflops": self.ceiling.tflops,
+            "matmul_ceiling": self.ceiling.describe(), "mfu": achieved / self.ceiling.tflops,
+            "phase_seconds": phases, "profiled_step_s": sum(phases.values()) if phases and cfg.profile_steps else None,
+            "phase_timing": ("none: the step is one CUDA graph (--cuda-graph-step)" if step.graph is not None else
+                             f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
+                             "synchronize at each phase boundary; the timed loop has no syncs"),
+            "cuda_graph_step": None if step.graph is None else {
+                "captured": step.graph.graph is not None, "replays": step.graph.replays,
+                "eager_steps": step.graph.eager_steps},
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
+            "peak_host_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "build_s": self.build_s, "first_step_s": warmup_times[0] if warmup_times else None,
+            **self._compile_report(), "warmup_step_s": warmup_times, "recompiles_after_warmup": recompiles,
+            "dynamo_graphs_total": _dynamo_graphs(), "last_loss": timed.last_loss,
+        }
+
+    def _flops(self):
+        cfg, dcfg = self.cfg, self.dcfg
+        mean_anchor = (cfg.prompt_len + cfg.seq_len - 2) / 2  # anchors uniform over [prompt_len, S - 2]
+        return step_flops(Shape.of(self.target.facts), max(dcfg.target_layer_ids) + 1, Shape.of(dcfg),
+                          dcfg.num_hidden_layers, len(dcfg.target_layer_ids), cfg.seq_len, cfg.num_anchors,
+                          cfg.block_size, mean_anchor)
+
+    def _machine(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {"device_name": torch.cuda.get_device_name(self.device) if cuda else "cpu",
+                "torch_version": torch.__version__}
+
+    def _compile_report(self) -> dict:
+        compiled = bool(self.cfg.compile)
+        return {"compile_cache": self.cache,
+                "compile_s": compilation.compile_seconds()["total"] if compiled else 0.0,
+                "compile_breakdown_s": compilation.compile_seconds() if compiled else {}}

@@ -32,9 +32,10 @@ def run_train(args, single) -> int:
         if args.target_ranks or args.drafter_ranks:
             raise ValueError("--target-ranks/--drafter-ranks need several processes: launch with torchrun")
         return single(args)
-    from dflash_train.distributed.launch import config_from_args, run
+    from dflash_train.config import job_from_args
+    from dflash_train.distributed.launch import run
 
-    run(config_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
+    run(job_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
     return 0
 
 

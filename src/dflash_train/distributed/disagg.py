@@ -1,8 +1,8 @@
 """Disaggregated training: target ranks compute features, drafter ranks train on them.
 
 Topology (``--target-ranks N --drafter-ranks M``, N + M == WORLD_SIZE): ranks ``0..M-1``
-are drafters (so drafter rank r == global rank r: rank 0 logs and writes checkpoints, RNG
-files keep their names), ranks ``M..M+N-1`` are targets.
+are drafters (so drafter rank r == global rank r: rank 0 logs and writes checkpoints), ranks
+``M..M+N-1`` are targets.
 
 Data: every rank builds the same ``BatchPlan`` (packed rows or not). A drafter walks its own ``BatchIterator``
 (rank r of M) exactly as in colocated training; a target walks one global iterator
@@ -45,9 +45,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
+from dflash_train.config import TrainConfig
+from dflash_train.data import BatchIterator, DataConfig, MicroBatch, batch_plan, load_tokenized
 from dflash_train.distributed import watchdog
-from dflash_train.models.config import resolve_drafter_config
+from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.train.signals import StopOnSignals
 
@@ -196,24 +197,27 @@ class FeatureReceiver:
 class TargetServer:
     """A target rank: computes features for its share of every drafter's micro-batches."""
 
-    def __init__(self, cfg, target: Target, topo: Topology, rank: int, device: torch.device,
-                 comm_device: torch.device, echo=print):
-        self.cfg, self.target, self.topo, self.rank = cfg, target, topo, rank
+    def __init__(self, target: Target, topo: Topology, rank: int, device: torch.device, comm_device: torch.device,
+                 *, drafter: DrafterConfig, data: DataConfig, train: TrainConfig, echo=print):
+        """``drafter``, ``data``, ``train``: the job's sections (the drafters resolve the same drafter
+        config and walk the same batch plan; ``train`` gives seed, grad_accum, run_dir, log_every)."""
+        self.target, self.topo, self.rank = target, topo, rank
         self.device, self.comm, self.echo = device, comm_device, echo
         self.index = rank - topo.drafter_ranks
-        mask_id = cfg.drafter.mask_token_id
+        mask_id = drafter.mask_token_id
         if mask_id is None:
             mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
-        self.drafter_cfg = resolve_drafter_config(cfg.drafter, target.facts, mask_id)
+        self.drafter_cfg = resolve_drafter_config(drafter, target.facts, mask_id)
         target.validate_layer_ids(self.drafter_cfg.target_layer_ids)
-        dataset, _ = load_tokenized(cfg.data, target.tokenizer, self.drafter_cfg.block_size)
+        dataset, _ = load_tokenized(data, target.tokenizer, self.drafter_cfg.block_size)
         tok = target.tokenizer
-        plan = batch_plan(dataset["length"], cfg.data, cfg.train.seed)  # the drafters' plan, packed or not
+        plan = batch_plan(dataset["length"], data, train.seed)  # the drafters' plan, packed or not
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.per_drafter = cfg.train.grad_accum
+        self.per_drafter = train.grad_accum
+        self.log_every = train.log_every
         self.batches = BatchIterator(dataset, plan, pad_id=pad_id, rank=0, world_size=1,
                                      micro_batches_per_step=self.per_drafter * topo.drafter_ranks)
-        self.log_path = Path(cfg.train.run_dir) / f"target-rank{rank}.jsonl"
+        self.log_path = Path(train.run_dir) / f"target-rank{rank}.jsonl"
 
     def _recv_control(self, src: int) -> list[int]:
         msg = torch.zeros(CONTROL, dtype=torch.long, device=self.comm)
@@ -261,17 +265,7 @@ class TargetServer:
         last_log = time.perf_counter()
         served = 0
         while True:
-            # compute ahead while the next item's drafter has room
-            while pending is not None and (pending[0] in stopped or queued[pending[0]] < inflight()):
-                d, k, mb = pending
-                if d not in stopped:
-                    start = time.perf_counter()
-                    queue.append(self._compute(d, k, mb))
-                    queued[d] += 1
-                    elapsed = time.perf_counter() - start
-                    queue[-1][2][6] = int(elapsed * 1e6)
-                    window["forward_s"] += elapsed
-                pending = next(items, None)
+            pending = self._compute_ahead(pending, items, queue, queued, stopped, window)
             if not queue:
                 break
             d, k, header, ints, features = queue.popleft()
@@ -298,19 +292,39 @@ class TargetServer:
             # Steady once every drafter has surely finished its first (compiling) step.
             watchdog.beat(f"served micro-batch {k} of drafter rank {d}",
                           steady=served > 2 * self.per_drafter * self.topo.drafter_ranks)
-            if time.perf_counter() - last_log > 10 or window["items"] >= self.cfg.train.log_every * 4:
+            if time.perf_counter() - last_log > 10 or window["items"] >= self.log_every * 4:
                 self._log(window, totals)
                 last_log = time.perf_counter()
-        for d in self.topo.drafters():  # drafters that have not said STOP yet
-            if d not in stopped:
-                msg = self._recv_control(d)
-                if msg[0] != STOP:
-                    raise RuntimeError(f"target rank {self.rank}: drafter rank {d} sent {msg} after the last step")
+        self._await_stops(stopped)
         for works in sends.values():
             for w in works:
                 w.wait()
         self._log(window, totals)
         return totals
+
+    def _compute_ahead(self, pending, items, queue: deque, queued: list[int], stopped: set[int], window: dict):
+        """Compute items in global order while the next one's drafter has room (at most
+        ``inflight()`` queued per drafter; a stopped drafter's items are skipped); returns the
+        next item not computed yet (None: none left)."""
+        while pending is not None and (pending[0] in stopped or queued[pending[0]] < inflight()):
+            d, k, mb = pending
+            if d not in stopped:
+                start = time.perf_counter()
+                queue.append(self._compute(d, k, mb))
+                queued[d] += 1
+                elapsed = time.perf_counter() - start
+                queue[-1][2][6] = int(elapsed * 1e6)
+                window["forward_s"] += elapsed
+            pending = next(items, None)
+        return pending
+
+    def _await_stops(self, stopped: set[int]) -> None:
+        """Every drafter that has not said STOP yet must say it now (nothing else is expected)."""
+        for d in self.topo.drafters():
+            if d not in stopped:
+                msg = self._recv_control(d)
+                if msg[0] != STOP:
+                    raise RuntimeError(f"target rank {self.rank}: drafter rank {d} sent {msg} after the last step")
 
     @torch.no_grad()
     def _compute(self, d: int, k: int, mb: MicroBatch):

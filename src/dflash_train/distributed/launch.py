@@ -14,7 +14,8 @@ import sys
 
 import torch.distributed as dist
 
-from dflash_train.config import JobConfig, load_config
+from dflash_train.config import JobConfig, TargetConfig, job_from_args
+from dflash_train.data import DataConfig
 from dflash_train.devices import resolve_device, resolve_dtype
 from dflash_train.distributed import watchdog
 from dflash_train.distributed.common import AgreedRanks
@@ -27,12 +28,12 @@ from dflash_train.train.parallelize import DataParallel, parallelize_target
 from dflash_train.train.timings import Timings
 
 
-def _load_target(cfg: JobConfig, target, device):
-    """``target``: None (load from the config), a ``Target``, or a zero-argument factory (tests)."""
+def _load_target(cfg: TargetConfig, target, device):
+    """``target``: None (load it as ``cfg`` says), a ``Target``, or a zero-argument factory (tests)."""
     if target is None:
         from dflash_train.models.target import Target
 
-        return Target.load(cfg.target.path, resolve_dtype(cfg.target.dtype, device), device, cfg.target.gguf_file)
+        return Target.load(cfg.path, resolve_dtype(cfg.dtype, device), device, cfg.gguf_file)
     loaded = target() if callable(target) and not hasattr(target, "facts") else target
     return loaded.to(device)  # a target built elsewhere (tests, notebooks) trains on this rank's device
 
@@ -52,14 +53,14 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
             watchdog.start(env.rank, role)
         if target is None and env.rank == 0:  # bad data fails before any rank's target load ends
             watchdog.beat("tokenizing the data set before loading the target")
-            tokenize_before_target(cfg)
+            tokenize_before_target(cfg.data, cfg.target, cfg.drafter.block_size)
         if env.distributed:
             watchdog.beat("creating process groups")
         groups = build_groups(topo.drafters() if topo.disaggregated else list(range(env.world)), env.world, env.rank)
         if not env.distributed:
             if cfg.train.fsdp_drafter or cfg.train.fsdp_target:
                 echo("one process: train.fsdp_* ignored")
-            result = train(cfg, target=_load_target(cfg, target, resolve_device(cfg.train.device)), echo=echo)
+            result = train(cfg, target=_load_target(cfg.target, target, resolve_device(cfg.train.device)), echo=echo)
         elif topo.disaggregated:
             result = _run_disaggregated(cfg, env, topo, groups, target, echo)
         else:
@@ -78,13 +79,13 @@ def _echo_for(env: DistEnv, echo):
     return echo if env.rank == 0 else (lambda *a, **k: None)
 
 
-def _data_cache_first_on_rank0(cfg: JobConfig, target, env: DistEnv) -> None:
+def _data_cache_first_on_rank0(data: DataConfig, block_size: int, target, env: DistEnv) -> None:
     """Rank 0 tokenizes and caches the data set while the others wait: concurrent builds of
     one cache entry would race; afterwards every rank reads the cache."""
     if env.rank == 0:
         from dflash_train.data import load_tokenized
 
-        load_tokenized(cfg.data, target.tokenizer, cfg.drafter.block_size)
+        load_tokenized(data, target.tokenizer, block_size)
     watchdog.beat("waiting for rank 0 to build the data cache")
     dist.barrier()
     watchdog.beat("building the drafter; the first step compiles on a cold cache")
@@ -94,10 +95,10 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, groups: Groups, target, echo) -
     device = resolve_device(cfg.train.device)
     ranks = AgreedRanks(env.rank, env.world, groups.drafters, control=groups.control)
     timings = Timings(device)
-    loaded = _load_target(cfg, target, device)
+    loaded = _load_target(cfg.target, target, device)
     if cfg.train.fsdp_target:
         parallelize_target(loaded, groups.drafters, device)
-    _data_cache_first_on_rank0(cfg, loaded, env)
+    _data_cache_first_on_rank0(cfg.data, cfg.drafter.block_size, loaded, env)
     echo_fn = _echo_for(env, echo)
     echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
     return train(cfg, target=loaded, ranks=ranks, echo=echo_fn, timings=timings,
@@ -119,11 +120,12 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")
     device = resolve_device(cfg.train.device)
-    loaded = _load_target(cfg, target, device)
-    _data_cache_first_on_rank0(cfg, loaded, env)
+    loaded = _load_target(cfg.target, target, device)
+    _data_cache_first_on_rank0(cfg.data, cfg.drafter.block_size, loaded, env)
     if not topo.is_drafter(env.rank):
         echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
-        server = TargetServer(cfg, loaded, topo, env.rank, device, env.comm_device, echo=echo)
+        server = TargetServer(loaded, topo, env.rank, device, env.comm_device, drafter=cfg.drafter, data=cfg.data,
+                              train=cfg.train, echo=echo)
         totals = server.serve()
         del server, loaded
         return {"role": "target", **totals}
@@ -154,17 +156,10 @@ def add_arguments(p: argparse.ArgumentParser, with_config: bool = True) -> None:
     p.add_argument("--drafter-ranks", type=int, default=0, help="disaggregated: ranks that train the drafter")
 
 
-def config_from_args(args) -> JobConfig:
-    overrides = list(args.overrides)
-    if getattr(args, "resume", None):
-        overrides.append(f"train.resume={args.resume}")
-    return load_config(args.config, overrides)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        run(config_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
+        run(job_from_args(args), target_ranks=args.target_ranks, drafter_ranks=args.drafter_ranks)
     except (ValueError, FileNotFoundError) as err:
         print(f"dflash-train (distributed): error: {err}", file=sys.stderr)
         return 2

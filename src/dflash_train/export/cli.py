@@ -39,6 +39,7 @@ from dflash_train.run_folder import (
     DRAFTER_WEIGHTS,
     checkpoint_folders,
     is_complete,
+    newest_verified,
     verify_checkpoint,
 )
 
@@ -64,15 +65,14 @@ def find_checkpoint(path: str | Path) -> Path:
             raise ValueError(f"checkpoint {path} is corrupt: {problem}; export an older checkpoint, or the run "
                              f"folder (its newest checkpoint that verifies)")
         return path
+
+    def passed_over(folder: Path, problem: str) -> None:
+        warnings.warn(f"checkpoint {folder} is corrupt ({problem}); trying the previous one", stacklevel=3)
+
+    usable = newest_verified(path, usable=lambda f: is_complete(f) and _is_checkpoint(f), on_corrupt=passed_over)
+    if usable is not None:
+        return usable
     folders = checkpoint_folders(path)
-    usable = [f for f in folders if is_complete(f) and _is_checkpoint(f)]
-    for folder in reversed(usable):
-        problem = verify_checkpoint(folder)
-        if problem is None:
-            return folder
-        warnings.warn(f"checkpoint {folder} is corrupt ({problem}); trying the previous one", stacklevel=2)
-    if usable:
-        raise ValueError(f"{path}: none of its {len(usable)} complete checkpoint(s) verifies against its checksums")
     detail = (f"; {len(folders)} checkpoint(s) under {folders[0].parent} lack {COMPLETE} or "
               f"{DRAFTER_CONFIG}/{DRAFTER_WEIGHTS}") if folders else ""
     raise ValueError(

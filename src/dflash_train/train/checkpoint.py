@@ -4,15 +4,21 @@ What a checkpoint folder holds (its name and the shared file names belong to
 ``dflash_train.run_folder``)::
 
     state/                  torch.distributed.checkpoint in safetensors form (every rank
-                            writes its shards): drafter weights + AdamW moments/steps
+                            writes its shards): drafter weights + optimizer moments/steps
     optim_groups.json       the optimizer's non-tensor hyperparameters (lr, betas, ...)
-    trainer_state.json      step/sample/token counters, data-loader position, scheduler
-    rng/rank-<r>.json       RNG states of every rank (python, numpy, torch CPU/CUDA)
+    trainer_state.json      one entry per stateful part: step/sample/token counters,
+                            data-loader position, scheduler
     config.json             the resolved job config (JSON, never pickled)
     drafter_config.json     the resolved drafter config  } what ``export`` reads
     drafter.safetensors     the full drafter weights     }
     checksums.json          sha256 and size of every file above
     COMPLETE                written last: a folder without it is never loaded
+
+No RNG state is saved: nothing in a training step draws from a global generator (anchors
+come from generators seeded by seed, epoch and sample; the batch plan from seed and epoch;
+the drafter has no dropout), so a resumed run equals an uninterrupted one without it
+(``tests/train/test_checkpoint_manager.py`` scrambles every global RNG before a resume to
+keep it so). Checkpoints written before carry an ``rng/`` folder; it is ignored.
 
 The folder is written as ``step-N.tmp`` and renamed when complete, so a crash in the
 middle of a save leaves the previous checkpoint the newest loadable one. Loading
@@ -20,24 +26,24 @@ uses the safetensors-based DCP reader and JSON: no pickle anywhere.
 
 Bytes can still rot after a save (a bad disk, a half-synced copy, a stray write): the
 checksums are verified before a checkpoint is used, so ``resume=auto`` falls back to the
-newest checkpoint that verifies (and says so) instead of training on garbage, and an
-explicit resume path that does not verify is an error.
+newest checkpoint that verifies (``run_folder.newest_verified``, as ``export`` does) and says
+so, instead of training on garbage; an explicit resume path that does not verify is an error.
 
 Pruning (``train.keep_last``) only ever deletes checkpoints of this run's own history:
 those it wrote, and those at or before the step it resumed from; never one of a later
-step, and never the one ``summary.json`` names.
+step, and never the one ``summary.json`` names. ``CheckpointManager`` keeps that history.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -58,6 +64,7 @@ from dflash_train.run_folder import (
     file_checksums,
     is_complete,
     latest_checkpoint,
+    newest_verified,
     verify_checkpoint,
 )
 
@@ -72,20 +79,42 @@ RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "trai
                      "train.max_bad_steps", "train.drafter_init"}  # (the checkpoint's weights win)
 # Keys added after checkpoints were written: absent from an older checkpoint's config means this value.
 ADDED_KEYS = {"data.trim_loops": False, "train.distill": 0.0}
+OPTIM_GROUPS = "optim_groups.json"
+PARTS = "trainer_state.json"
+
+
+class Stateful(Protocol):
+    """A part of the training state saved as JSON (counters, data position, scheduler)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def _barrier(group=None) -> None:
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         dist.barrier(group=group)
 
 
-def _group(trainer):
-    """The drafter ranks' process group (None: all ranks); target-only ranks never save."""
-    return getattr(getattr(trainer, "ranks", None), "group", None)
+def _write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=1))
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise ValueError(f"checkpoint file missing: {path}") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"checkpoint file corrupt: {path} ({err})") from err
 
 
 def _full_weights(drafter) -> dict:
@@ -98,138 +127,163 @@ def _full_weights(drafter) -> dict:
     return out
 
 
-# -- state capture -----------------------------------------------------------------------------
-def _split_state(model, optimizer):
-    """Tensors (for DCP) and the JSON-able optimizer hyperparameters."""
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
-    tensors = {f"model.{k}": v for k, v in model_sd.items()}
-    tensors.update({f"optim.{k}": v for k, v in optim_sd.items() if torch.is_tensor(v)})
-    groups = {k: v for k, v in optim_sd.items() if not torch.is_tensor(v)}
-    return tensors, groups
+# -- the tensors: model and optimizer through DCP ------------------------------------------------
+class ModelAndOptimizer:
+    """The model's weights and the optimizer's state as DCP tensors (``model.*``, ``optim.*``,
+    sharded under FSDP2: every rank writes its own shards), plus the optimizer's plain
+    hyperparameters (lr, betas, ...) as JSON."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def split(self) -> tuple[dict, dict]:
+        """(tensors for DCP, the JSON-able optimizer hyperparameters)."""
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(flatten_optimizer_state_dict=True))
+        tensors = {f"model.{k}": v for k, v in model_sd.items()}
+        tensors.update({f"optim.{k}": v for k, v in optim_sd.items() if torch.is_tensor(v)})
+        groups = {k: v for k, v in optim_sd.items() if not torch.is_tensor(v)}
+        return tensors, groups
+
+    def save(self, folder: Path, group=None) -> dict:
+        """Write this rank's shards under ``folder/state``; returns the hyperparameters."""
+        tensors, groups = self.split()
+        # With several ranks each must write its own file (the default, one file name for all
+        # ranks, lets the ranks overwrite each other's share of the deduplicated tensors).
+        writer = dcp.HuggingFaceStorageWriter(str(folder / "state"), save_distributed=_distributed())
+        dcp.save(tensors, storage_writer=writer, process_group=group)
+        return groups
+
+    def load(self, folder: Path, group=None) -> None:
+        tensors, _ = self.split()
+        try:
+            dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(folder / "state")), process_group=group)
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - any reader failure: a damaged checkpoint
+            reason = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
+            raise ValueError(f"checkpoint {folder / 'state'} is corrupt or incomplete: {reason[0].strip()}") from None
+        groups = _read_json(folder / OPTIM_GROUPS)
+        model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        optim_sd = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
+        optim_sd.update({k: tuple(v) if k.endswith(".betas") else v for k, v in groups.items()})
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=StateDictOptions(flatten_optimizer_state_dict=True))
 
 
-def rng_state() -> dict:
-    state = {
-        "python": _jsonable(random.getstate()),
-        "numpy": _jsonable(np.random.get_state()),
-        "torch": torch.get_rng_state().tolist(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
+# -- one run's checkpoints ------------------------------------------------------------------------
+class CheckpointManager:
+    """One run's checkpoints: saves them (atomically, checksummed), loads one, prunes this run's
+    own history, and remembers that history: the folders it wrote and the step a resume started at.
 
+    What is saved: ``model`` and ``optimizer`` through DCP (``ModelAndOptimizer``); ``parts``, the
+    other stateful parts by name (counters, data position, scheduler), as one JSON file holding
+    each part's ``state_dict()``, loaded back in the dict's order; the full weights of ``drafter``
+    (the unwrapped module: what ``export`` reads); ``config`` and ``drafter_config`` (plain dicts:
+    saved, and compared on resume). ``step()`` names a save. Every rank of ``group`` (None: every
+    rank) calls ``save`` and ``load``; rank 0 writes the shared files.
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(_tupled(state["python"]))
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    A save is three steps kept apart so that each can be wrapped: ``_begin`` (the ``.tmp``
+    folder), ``_write`` (everything into it), ``_commit`` (the rename that makes it the newest).
+    """
 
+    def __init__(self, run_dir: str | Path, *, model, optimizer, drafter, parts: dict[str, Stateful],
+                 config: dict, drafter_config: dict, step: Callable[[], int], keep_last: int, group=None,
+                 echo=print):
+        self.run_dir = Path(run_dir)
+        self.tensors = ModelAndOptimizer(model, optimizer)
+        self.drafter, self.parts = drafter, parts
+        self.config, self.drafter_config = config, drafter_config
+        self.step, self.keep_last, self.group, self.echo = step, keep_last, group, echo
+        self.written: set[str] = set()  # names of the folders this run saved (pruning may delete them)
+        self.resumed_step = 0  # the step this run resumed from: checkpoints up to it are its history too
 
-def _jsonable(value):
-    if isinstance(value, tuple | list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    # -- save --------------------------------------------------------------------------------
+    def save(self) -> Path:
+        """Save everything a resume needs as ``checkpoints/step-N`` (N: ``step()``); returns it."""
+        final = checkpoint_dir(self.run_dir, self.step())
+        tmp = self._begin(final)
+        self._write(tmp)
+        if _rank() == 0:
+            self._commit(tmp, final)
+            self.written.add(final.name)
+            self.prune()
+        _barrier(self.group)
+        return final
 
+    def _begin(self, final: Path) -> Path:
+        """A fresh, empty ``step-N.tmp`` next to where the checkpoint will be (rank 0 makes it)."""
+        tmp = final.with_name(final.name + ".tmp")
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier(self.group)
+        return tmp
 
-def _tupled(value):
-    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
-
-
-# -- save ------------------------------------------------------------------------------------
-def save_checkpoint(trainer, run_dir: Path | None = None, keep_last: int | None = None) -> Path:
-    """Save everything ``trainer`` needs to resume; every rank must call this. A run whose
-    skipped non-finite steps exceed ``train.max_bad_steps`` raises here instead of saving."""
-    if hasattr(trainer, "check_bad_steps"):
-        trainer.check_bad_steps()
-    run_dir = Path(run_dir or trainer.run_dir)
-    final = checkpoint_dir(run_dir, trainer.counters.step)
-    tmp = final.with_name(final.name + ".tmp")
-    rank, group = _rank(), _group(trainer)
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier(group)
-    tensors, groups = _split_state(trainer.model, trainer.optimizer)
-    # With several ranks each must write its own file (the default, one file name for all
-    # ranks, lets the ranks overwrite each other's share of the deduplicated tensors).
-    distributed = dist.is_available() and dist.is_initialized()
-    writer = dcp.HuggingFaceStorageWriter(str(tmp / "state"), save_distributed=distributed)
-    dcp.save(tensors, storage_writer=writer, process_group=group)
-    (tmp / "rng").mkdir(exist_ok=True)
-    _write_json(tmp / "rng" / f"rank-{rank}.json", rng_state())
-    sharded = any(hasattr(v, "full_tensor") for v in trainer.drafter.state_dict().values())
-    weights = _full_weights(trainer.drafter) if rank == 0 or sharded else None
-    _barrier(group)
-    if rank == 0:
-        _write_json(tmp / "optim_groups.json", groups)
-        _write_json(tmp / "trainer_state.json", trainer.state_dict())
-        _write_json(tmp / CONFIG, trainer.cfg.to_dict())
-        _write_json(tmp / DRAFTER_CONFIG, trainer.drafter_cfg.to_dict())
+    def _write(self, tmp: Path) -> None:
+        """Every rank's shards, then rank 0's files, checksums and, last, the COMPLETE marker."""
+        groups = self.tensors.save(tmp, self.group)
+        sharded = any(hasattr(v, "full_tensor") for v in self.drafter.state_dict().values())
+        weights = _full_weights(self.drafter) if _rank() == 0 or sharded else None  # FSDP2: every rank gathers
+        _barrier(self.group)
+        if _rank() != 0:
+            return
+        _write_json(tmp / OPTIM_GROUPS, groups)
+        _write_json(tmp / PARTS, {name: part.state_dict() for name, part in self.parts.items()})
+        _write_json(tmp / CONFIG, self.config)
+        _write_json(tmp / DRAFTER_CONFIG, self.drafter_config)
         save_file(weights, str(tmp / DRAFTER_WEIGHTS))
         _write_json(tmp / CHECKSUMS, file_checksums(tmp))
         (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
-        written = _written(trainer)
-        ours = final.name in written or trainer.counters.step <= getattr(trainer, "resumed_step", 0)
+
+    def _commit(self, tmp: Path, final: Path) -> None:
+        """Rename ``tmp`` to ``final``. A ``final`` already there is this run's own step N (a stop
+        right after a periodic save, a finished run resumed): replaced, renamed away before the new
+        one is renamed in, so one is always complete; or another history's step N (a resume from
+        an older checkpoint): kept aside under a new name."""
+        ours = final.name in self.written or checkpoint_step(final) <= self.resumed_step
         if final.exists() and ours:
-            # this run's own step N (a stop right after a periodic save, a finished run resumed):
-            # replaced, renamed away before the new one is renamed in, so one is always complete
             old = final.with_name(final.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
             tmp.rename(final)
             shutil.rmtree(old)
-        else:
-            if final.exists():  # another history's step N (a resume from an older checkpoint): kept aside
-                aside = final.with_name(f"{final.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
-                final.rename(aside)
-                trainer.echo(f"checkpoint {final} was not written by this run: moved to {aside.name}")
-            tmp.rename(final)
-        written.add(final.name)
-        prune(trainer, run_dir, keep_last or trainer.cfg.train.keep_last)
-    _barrier(group)
-    return final
+            return
+        if final.exists():
+            aside = final.with_name(f"{final.name}.superseded-{time.strftime('%Y%m%d-%H%M%S')}")
+            final.rename(aside)
+            self.echo(f"checkpoint {final} was not written by this run: moved to {aside.name}")
+        tmp.rename(final)
+
+    def prune(self) -> None:
+        """Keep the newest ``keep_last`` of this run's checkpoints (see the module docstring);
+        call on rank 0."""
+        step = self.step()
+        ours = [p for p in complete_checkpoints(self.run_dir) if checkpoint_step(p) <= step
+                and (p.name in self.written or checkpoint_step(p) <= self.resumed_step)]
+        protected = summary_checkpoint(self.run_dir)
+        for old in ours[:-self.keep_last]:
+            if protected is None or old.resolve() != protected:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # -- load --------------------------------------------------------------------------------
+    def load(self, path: str | Path) -> None:
+        """Restore every part from ``path`` (refused when the config differs) and record the
+        step resumed from."""
+        path = Path(path)
+        diffs = config_differences(_read_json(path / CONFIG), self.config)
+        diffs += config_differences(_read_json(path / DRAFTER_CONFIG), self.drafter_config, "drafter(resolved).")
+        if diffs:
+            raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))
+        self.tensors.load(path, self.group)
+        saved = _read_json(path / PARTS)
+        missing = sorted(set(self.parts) - set(saved))
+        if missing:
+            raise ValueError(f"checkpoint {path / PARTS} lacks {missing}")
+        for name, part in self.parts.items():
+            part.load_state_dict(saved[name])
+        self.resumed_step = self.step()
 
 
-def _written(trainer) -> set[str]:
-    """Names of the checkpoint folders this process saved (pruning may delete those)."""
-    if not hasattr(trainer, "checkpoints_written"):
-        trainer.checkpoints_written = set()
-    return trainer.checkpoints_written
-
-
-def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1))
-
-
-def prune(trainer, run_dir: Path, keep_last: int) -> None:
-    """Keep the newest ``keep_last`` of this run's checkpoints (see the module docstring)."""
-    step, resumed = trainer.counters.step, getattr(trainer, "resumed_step", 0)
-    written = _written(trainer)
-    ours = [p for p in complete_checkpoints(run_dir)
-            if checkpoint_step(p) <= step and (p.name in written or checkpoint_step(p) <= resumed)]
-    protected = summary_checkpoint(run_dir)
-    for old in ours[:-keep_last]:
-        if protected is None or old.resolve() != protected:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def summary_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``summary.json`` names (never pruned), if any."""
-    try:
-        named = json.loads((Path(run_dir) / SUMMARY).read_text()).get("checkpoint")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return Path(named).resolve() if isinstance(named, str) else None
-
-
-# -- load ------------------------------------------------------------------------------------
+# -- finding the checkpoint to resume ------------------------------------------------------------
 def check_run_folder(run_dir: Path, resume: str | None) -> None:
     """A fresh run (no ``train.resume``) into a folder that holds checkpoints would mix two
     runs' metrics and checkpoints: refused, with the two ways on."""
@@ -246,15 +300,13 @@ def resolve_resume(resume: str | None, run_dir: Path, echo=print) -> Path | None
     if not resume:
         return None
     if resume == "auto":
-        candidates = complete_checkpoints(run_dir)
-        for candidate in reversed(candidates):
-            problem = verify_checkpoint(candidate)
-            if problem is None:
-                return candidate
-            echo(f"checkpoint {candidate} is corrupt ({problem}); falling back to the previous complete one")
-        if candidates:
-            raise ValueError(f"train.resume=auto: none of the {len(candidates)} checkpoints of {run_dir} verifies")
-        return None
+        def fall_back(folder: Path, problem: str) -> None:
+            echo(f"checkpoint {folder} is corrupt ({problem}); falling back to the previous complete one")
+
+        try:
+            return newest_verified(run_dir, on_corrupt=fall_back)
+        except ValueError as err:
+            raise ValueError(f"train.resume=auto: {err}") from None
     path = Path(resume)
     if not path.exists():
         raise FileNotFoundError(f"train.resume: checkpoint not found: {path}")
@@ -268,6 +320,15 @@ def resolve_resume(resume: str | None, run_dir: Path, echo=print) -> Path | None
         raise ValueError(f"checkpoint {path} is corrupt or incomplete: {problem}; resume from an older one "
                          f"(train.resume=<its folder>) or with train.resume=auto (the newest that verifies)")
     return path
+
+
+def summary_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``summary.json`` names (never pruned), if any."""
+    try:
+        named = json.loads((Path(run_dir) / SUMMARY).read_text()).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(named).resolve() if isinstance(named, str) else None
 
 
 def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
@@ -287,42 +348,3 @@ def config_differences(saved: dict, current: dict, prefix: str = "") -> list[str
 
 def _normal(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise ValueError(f"checkpoint file missing: {path}") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"checkpoint file corrupt: {path} ({err})") from err
-
-
-def load_checkpoint(trainer, path: Path) -> None:
-    """Restore weights, optimizer, scheduler, counters, data position and RNG."""
-    path = Path(path)
-    saved_cfg = _read_json(path / CONFIG)
-    diffs = config_differences(saved_cfg, trainer.cfg.to_dict())
-    saved_drafter = _read_json(path / DRAFTER_CONFIG)
-    diffs += config_differences(saved_drafter, trainer.drafter_cfg.to_dict(), "drafter(resolved).")
-    if diffs:
-        raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))
-    tensors, _ = _split_state(trainer.model, trainer.optimizer)
-    try:
-        dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(path / "state")),
-                 process_group=_group(trainer))
-    except (Exception, CheckpointException) as err:  # noqa: BLE001 - any reader failure: a damaged checkpoint
-        reason = [line for line in str(err).splitlines() if line.strip()][-1:] or [type(err).__name__]
-        raise ValueError(f"checkpoint {path / 'state'} is corrupt or incomplete: {reason[0].strip()}") from None
-    groups = _read_json(path / "optim_groups.json")
-    model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    optim_sd = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
-    optim_sd.update({k: tuple(v) if k.endswith(".betas") else v for k, v in groups.items()})
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
-                   options=StateDictOptions(flatten_optimizer_state_dict=True))
-    state = _read_json(path / "trainer_state.json")
-    trainer.load_state_dict(state)
-    rng_file = path / "rng" / f"rank-{_rank()}.json"
-    if rng_file.exists():
-        set_rng_state(_read_json(rng_file))
-    trainer.resumed_step = trainer.counters.step  # pruning may delete this history's checkpoints up to here

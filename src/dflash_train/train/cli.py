@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from dflash_train.config import JobConfig, load_config, recipe_names
+from dflash_train.config import job_from_args, load_config, recipe_names
 
 
 def register(sub) -> None:
@@ -19,13 +19,6 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="the CPU demo: data from PyPI packages, SmolLM2 target, tau before/after")
     d.add_argument("overrides", nargs="*", help="section.key=value overrides of the cpu-demo recipe")
     d.set_defaults(func=run_demo)
-
-
-def job_from_args(args) -> JobConfig:
-    overrides = list(args.overrides)
-    if getattr(args, "resume", None):
-        overrides.append(f"train.resume={args.resume}")
-    return load_config(args.config, overrides)
 
 
 def resume_command(args) -> str:

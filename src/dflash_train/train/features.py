@@ -27,12 +27,19 @@ from dflash_train.models.attention import document_layout
 from dflash_train.train.cuda_graphs import GraphedCall
 
 
+def replays_target_forward(cuda_graphs: bool, fsdp_target: bool, device: torch.device) -> bool:
+    """Whether ``LocalFeatures`` replays the target's packed forward as a CUDA graph
+    (``train.cuda_graphs``): on CUDA, and not for a target sharded with FSDP2 (``train.fsdp_target``),
+    whose forward gathers parameters into storage that changes between calls: a replay would read
+    stale memory."""
+    return cuda_graphs and device.type == "cuda" and not fsdp_target
+
+
 class LocalFeatures:
     """The local target's features. Packed micro-batches (one shape per run) replay its forward
-    as a CUDA graph on CUDA (``train.cuda_graphs``; ``train/cuda_graphs.py`` says why), except
-    for a target sharded with FSDP2 (``train.fsdp_target``), whose forward gathers parameters into
-    storage that changes between calls: a replay would read stale memory. ``capture`` replaces
-    the CUDA capture (tests)."""
+    as a CUDA graph where the trainer says so (``trainer.graph_target_forward``, from
+    ``replays_target_forward``; ``train/cuda_graphs.py`` says why). ``capture`` replaces the CUDA
+    capture (tests)."""
 
     def __init__(self, trainer, capture=None):
         self.batches = trainer.batches
@@ -40,8 +47,7 @@ class LocalFeatures:
         self.layer_ids = trainer.drafter_cfg.target_layer_ids
         self.final_hidden = trainer.opts.distill > 0
         self.graphed = None
-        train = trainer.cfg.train
-        if capture is not None or (train.cuda_graphs and trainer.device.type == "cuda" and not train.fsdp_target):
+        if capture is not None or trainer.graph_target_forward:
             self.graphed = GraphedCall(self._packed, "target forward", capture=capture)
 
     def next_step(self):

@@ -16,17 +16,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from dflash_train.config import EvalConfig
 from dflash_train.data.prompt_sets import resolve_prompts
 from dflash_train.eval.evaluate import EvalOptions, evaluate
 from dflash_train.eval.prompts import encode_prompts, read_prompts
 
 
 class HeldoutEvaluator:
-    def __init__(self, trainer):
-        cfg = trainer.cfg.eval
+    """``eval.prompts`` encoded once with the target's tokenizer; called with the trainer."""
+
+    def __init__(self, cfg: EvalConfig, tokenizer):
         path = resolve_prompts(cfg.prompts)  # a file, or a named set such as "heldout"
         prompts = read_prompts(path, limit=cfg.num_prompts)
-        self.prompt_ids = encode_prompts(trainer.target.tokenizer, prompts)
+        self.prompt_ids = encode_prompts(tokenizer, prompts)
         self.max_new_tokens = cfg.max_new_tokens
         self.source = str(path)
         self.history: list[dict] = []

@@ -12,17 +12,12 @@ import os
 import time
 from pathlib import Path
 
-from dflash_train.config import JobConfig
+from dflash_train.config import JobConfig, TargetConfig
+from dflash_train.data import DataConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
 from dflash_train.run_folder import CONFIG, SUMMARY
-from dflash_train.train.checkpoint import (
-    check_run_folder,
-    load_checkpoint,
-    prune,
-    resolve_resume,
-    save_checkpoint,
-)
+from dflash_train.train.checkpoint import check_run_folder, resolve_resume
 from dflash_train.train.compilation import FirstStep
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.trainer import RankInfo, Trainer
@@ -54,14 +49,14 @@ def write_run_config(trainer: Trainer) -> None:
     (trainer.run_dir / CONFIG).write_text(json.dumps(resolved, indent=1))
 
 
-def tokenize_before_target(cfg: JobConfig) -> None:
+def tokenize_before_target(data: DataConfig, target: TargetConfig, block_size: int) -> None:
     """Tokenize the data set (into its cache) with the target's tokenizer alone, before the
     target's weights are loaded: a data set with nothing usable in it fails in seconds, with
     its skip report, not after minutes of loading; the trainer then reads the cache."""
     from dflash_train.data import load_tokenized
     from dflash_train.models.target import load_tokenizer
 
-    load_tokenized(cfg.data, load_tokenizer(cfg.target.path, cfg.target.gguf_file), cfg.drafter.block_size)
+    load_tokenized(data, load_tokenizer(target.path, target.gguf_file), block_size)
 
 
 def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None:
@@ -87,8 +82,31 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     check_run_folder(run_dir, cfg.train.resume)
     resume = resolve_resume(cfg.train.resume, run_dir, echo)
     if tokenize:  # the slowest check, last
-        tokenize_before_target(cfg)
+        tokenize_before_target(cfg.data, cfg.target, cfg.drafter.block_size)
     return resume
+
+
+class StepEnd:
+    """What runs after every step (``Trainer.run``'s ``on_step_end``): the first step's compile
+    report, periodic checkpoints and periodic held-out evaluations."""
+
+    def __init__(self, trainer: Trainer, evaluator, summary: dict):
+        t, e = trainer.cfg.train, trainer.cfg.eval
+        self.evaluator, self.summary = evaluator, summary
+        self.first = FirstStep(trainer.run_dir, t.compile_artifacts, trainer.compiled, trainer.ranks.is_main,
+                               trainer.echo)
+        self.save_due = Every(t.save_every_steps, t.save_every_minutes, trainer.counters.train_seconds)
+        self.eval_due = Every(e.every, e.every_minutes, trainer.counters.train_seconds)
+        self.started = time.perf_counter()
+
+    def __call__(self, t: Trainer) -> None:
+        self.summary.update(self.first.done(time.perf_counter() - self.started))  # the first step only
+        if self.save_due(t) and t.counters.step < t.total_steps:
+            t.ranks.expect_long("saving a checkpoint")
+            t.save_checkpoint()
+        if self.evaluator is not None and self.eval_due(t) and not t.stop_requested:
+            t.ranks.expect_long("held-out evaluation")
+            self.evaluator(t)  # (a stopping run is evaluated once, after its last step, in ``_finish``)
 
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
@@ -105,39 +123,34 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
     trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock, **parts)
     write_run_config(trainer)
     if resume is not None:
-        load_checkpoint(trainer, resume)
+        trainer.checkpoints.load(resume)
         trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
     earlier = trainer.open_logger().rewind(trainer.counters.step if resume is not None else -1)
     evaluator = make_evaluator(trainer)
     summary = {}
     if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
         summary["tau_before"] = evaluator(trainer)
-    first = FirstStep(trainer.run_dir, cfg.train.compile_artifacts, trainer.compiled, trainer.ranks.is_main,
-                      trainer.echo)
-    save_due = Every(cfg.train.save_every_steps, cfg.train.save_every_minutes, trainer.counters.train_seconds)
-    eval_due = Every(cfg.eval.every, cfg.eval.every_minutes, trainer.counters.train_seconds)
-
-    def on_step_end(t: Trainer) -> None:
-        summary.update(first.done(time.perf_counter() - started))  # the first step only
-        if save_due(t) and t.counters.step < t.total_steps:
-            t.ranks.expect_long("saving a checkpoint")
-            save_checkpoint(t)
-        if evaluator is not None and eval_due(t) and not t.stop_requested:
-            t.ranks.expect_long("held-out evaluation")
-            evaluator(t)  # (a stopping run is evaluated once, after its last step, below)
-
-    started = time.perf_counter()
-    result = trainer.run(on_step_end)
+    result = trainer.run(StepEnd(trainer, evaluator, summary))
     trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
-    late: list[str] = []  # signals after the last step: what is in flight finishes, the final eval is skipped
+    final = _finish(trainer, result, [r for r in earlier if "loss" in r], evaluator, summary)
+    if result["stopped_early"]:
+        trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
+                     f"continue with the same config and train.resume=auto")
+    return summary
+
+
+def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summary: dict) -> Path:
+    """The final checkpoint, evaluation and ``summary.json``; returns the checkpoint. A signal here
+    lets what is in flight finish and skips the final evaluation: the run's policy holds to the end."""
+    late: list[str] = []
 
     def finish_in_flight(name: str) -> None:
         late.append(name)
         trainer.echo(f"signal {name}: finishing the final save and summary")
 
-    with StopOnSignals(finish_in_flight):  # the run's policy holds to the end, not only in the loop
-        final = save_checkpoint(trainer)
-        summary.update(_curve_summary([r for r in earlier if "loss" in r] + result["history"]))
+    with StopOnSignals(finish_in_flight):
+        final = trainer.save_checkpoint()
+        summary.update(_curve_summary(earlier + result["history"]))
         summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
         if trainer.counters.bad_steps:
             summary["bad_steps"] = trainer.counters.bad_steps
@@ -148,11 +161,8 @@ def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print
         trainer.logger.close()
         if trainer.ranks.is_main:
             (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
-            prune(trainer, trainer.run_dir, cfg.train.keep_last)  # the checkpoint the old summary named may go now
-    if result["stopped_early"]:
-        trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
-                     f"continue with the same config and train.resume=auto")
-    return summary
+            trainer.checkpoints.prune()  # the checkpoint the old summary named may go now
+    return final
 
 
 def _curve_summary(history: list[dict]) -> dict:
@@ -172,4 +182,4 @@ def make_evaluator(trainer: Trainer):
         return None
     from dflash_train.train.heldout import HeldoutEvaluator
 
-    return HeldoutEvaluator(trainer)
+    return HeldoutEvaluator(trainer.cfg.eval, trainer.target.tokenizer)

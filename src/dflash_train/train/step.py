@@ -18,12 +18,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dflash_train.config import OptimConfig, TrainConfig
 from dflash_train.data.batching import MicroBatch
-from dflash_train.objective.blocks import sample_batch_anchors, uniform_anchors
+from dflash_train.objective.blocks import default_gamma, sample_batch_anchors, uniform_anchors
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
-from dflash_train.train.optim import skips_on_device
-from dflash_train.train.parallelize import no_sync
+from dflash_train.train.cuda_graphs import GraphedStep
+from dflash_train.train.optim import build_optimizer, build_scheduler, skips_on_device
+from dflash_train.train.parallelize import no_sync, step_begin
 
 
 def _no_mark(_phase: str) -> None:
@@ -51,6 +53,57 @@ class Anchors:
         if self.mode == "uniform":
             return uniform_anchors(mb.loss_mask, self.num_anchors, self.block_size, mb.doc_ids)
         return sample_batch_anchors(mb.loss_mask, mb.sample_ids, self.num_anchors, self.seed, mb.epoch, mb.doc_ids)
+
+
+@dataclass
+class StepSpec:
+    """What a training step is made of besides its modules: the objective, the anchors, the
+    compile mode. The trainer takes it from the job config (``from_train``), the benchmark from
+    its flags; ``build_train_step`` turns it into the step both run."""
+
+    block_size: int
+    mask_token_id: int
+    num_anchors: int
+    seed: int = 0
+    anchors: str = "random"  # random (the paper's) or uniform (fixed blocks)
+    attention: str = "auto"  # auto: flex on CUDA, sdpa elsewhere
+    gamma: float | None = None  # None: the paper's value for the block size
+    loss_chunk_size: int = 4096
+    distill: float = 0.0
+    loss_positions: int | None = None
+    reach_weighting: bool = False
+    compiled: bool = False  # the drafter layers and the loss chunks through torch.compile
+    compile_mode: str = "default"  # the layers' inductor mode (reduce-overhead: a graph generation per step)
+
+    @classmethod
+    def from_train(cls, train: TrainConfig, block_size: int, mask_token_id: int, compiled: bool) -> StepSpec:
+        return cls(block_size, mask_token_id, train.num_anchors, train.seed, train.anchors, train.attention,
+                   train.gamma, train.loss_chunk_size, train.distill, train.loss_positions, train.reach_weighting,
+                   compiled, train.compile_mode)
+
+    def objective(self, device: torch.device) -> ObjectiveOptions:
+        attention = self.attention
+        if attention == "auto":
+            attention = "flex" if device.type == "cuda" else "sdpa"
+        return ObjectiveOptions(
+            block_size=self.block_size, mask_token_id=self.mask_token_id,
+            gamma=self.gamma or default_gamma(self.block_size), attention=attention,
+            loss_chunk_size=self.loss_chunk_size, distill=self.distill, compiled_loss=self.compiled,
+            loss_positions=self.loss_positions, reach_weighting=self.reach_weighting)
+
+
+def build_train_step(spec: StepSpec, model, drafter, target, optim: OptimConfig, total_steps: int,
+                     device: torch.device, dtype: torch.dtype, ranks, time_fraction=None) -> TrainStep:
+    """The step the trainer runs and the benchmark times, with its optimizer over ``drafter``'s
+    parameters (fused on CUDA and CPU: it can then skip a non-finite step on the device, see
+    ``TrainStep._update``) and its LR schedule over ``total_steps`` (``time_fraction``: see
+    ``optim.build_scheduler``). ``model``: what a step calls (the drafter or its DDP/FSDP wrapper)."""
+    optimizer = build_optimizer(drafter, optim, fused=device.type in ("cuda", "cpu"))
+    scheduler = build_scheduler(optimizer, optim, total_steps, time_fraction)
+    anchors = Anchors(spec.anchors, spec.num_anchors, spec.seed, spec.block_size)
+    begin = step_begin(spec.compile_mode if spec.compiled else "default")
+    return TrainStep(model, drafter, target, optimizer, scheduler, spec.objective(device), anchors, optim.grad_clip,
+                     device, dtype, ranks, begin)
 
 
 @dataclass
@@ -99,6 +152,11 @@ class TrainStep:
     def use_graph(self, graph) -> None:
         """Replay one-micro-batch steps through ``graph`` (a ``GraphedStep`` over ``graph_body``)."""
         self.graph = graph
+
+    def graph_whole_step(self, capture=None) -> None:
+        """Replay each one-micro-batch step as one CUDA graph after two eager steps (``capture``:
+        a stand-in for the CUDA capture, CPU tests; ``train/cuda_graphs.GraphedStep``)."""
+        self.use_graph(GraphedStep(self.graph_body, self.optimizer, capture=capture))
 
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
         """CPU anchors and tokens -> device tensors for one micro-batch."""

@@ -20,15 +20,13 @@ from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
-from dflash_train.objective.blocks import default_gamma
-from dflash_train.objective.step import ObjectiveOptions
-from dflash_train.train.cuda_graphs import GraphedStep
-from dflash_train.train.features import LocalFeatures, SampleFeatureCache
+from dflash_train.train.checkpoint import CheckpointManager
+from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
 from dflash_train.train.metrics import MetricLogger, MetricWindow
-from dflash_train.train.optim import build_optimizer, build_scheduler, skips_on_device
-from dflash_train.train.parallelize import DataParallel, parallelize_drafter, step_begin
+from dflash_train.train.optim import skips_on_device
+from dflash_train.train.parallelize import DataParallel, parallelize_drafter
 from dflash_train.train.signals import StopOnSignals
-from dflash_train.train.step import Anchors, StepResult, TrainStep
+from dflash_train.train.step import StepResult, StepSpec, build_train_step
 from dflash_train.train.timings import TimedLogger, Timings
 
 
@@ -41,6 +39,16 @@ class Counters:
     tokens: int = 0  # context tokens consumed (all ranks)
     train_seconds: float = 0.0  # wall time inside training steps (for train.time_budget_minutes)
     bad_steps: int = 0  # steps skipped for a non-finite loss or gradient norm (train.max_bad_steps)
+
+    def state_dict(self) -> dict:
+        return vars(self).copy()
+
+    def load_state_dict(self, state: dict) -> None:
+        """In place: the checkpoint manager and the LR schedule's clock hold this object."""
+        for name, value in state.items():
+            if not hasattr(self, name):
+                raise ValueError(f"checkpoint counters: unknown field {name!r}")
+            setattr(self, name, value)
 
 
 @dataclass
@@ -102,28 +110,31 @@ class Trainer:
             ids = init_from_target(self.drafter, self.target)
             self.echo(f"drafter layers start as target layers {ids} and its final norm (train.drafter_init=target)")
         self.compiled = cfg.train.compile and self.device.type == "cuda"
-        self.opts = self._objective_options()
         # what a step calls: the drafter, or its DDP wrapper
         self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
                                          data_parallel, cfg.train.compile_mode)
         self._build_data()
+        self.counters = Counters()
+        budget = self.budget_seconds
+        spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None  # the LR follows the clock
+        spec = StepSpec.from_train(cfg.train, self.drafter_cfg.block_size, self.drafter_cfg.mask_token_id,
+                                   self.compiled)
+        self.step = build_train_step(spec, self.model, self.drafter, self.target, cfg.optim, self.total_steps,
+                                     self.device, self.dtype, self.ranks, spent)
+        self.opts, self.optimizer, self.scheduler = self.step.opts, self.step.optimizer, self.step.scheduler
+        self.graph_target_forward = replays_target_forward(cfg.train.cuda_graphs, cfg.train.fsdp_target, self.device)
         self.source = self._feature_source(features)
         self.timings = timings
-        # Fused AdamW (CUDA and CPU) and Muon can skip a step on the device (``found_inf``): see TrainStep._update.
-        self.optimizer = build_optimizer(self.drafter, cfg.optim,
-                                         fused=self.device.type in ("cuda", "cpu"))
-        self.counters = Counters()
-        self.scheduler = self.build_scheduler()
-        t = cfg.train
-        self.step = TrainStep(self.model, self.drafter, self.target, self.optimizer, self.scheduler, self.opts,
-                              Anchors(t.anchors, t.num_anchors, t.seed, self.opts.block_size), cfg.optim.grad_clip,
-                              self.device, self.dtype, self.ranks,
-                              step_begin(cfg.train.compile_mode if self.compiled else "default"))
         self._graph_the_step(data_parallel)
         self.stop_requested = False  # agreed by every rank after a step: the loop ends
         self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
         self.logger: MetricLogger | None = None
+        self.checkpoints = CheckpointManager(
+            self.run_dir, model=self.model, optimizer=self.optimizer, drafter=self.drafter,
+            parts={"counters": self.counters, "data": self.batches, "scheduler": self.scheduler},
+            config=cfg.to_dict(), drafter_config=self.drafter_cfg.to_dict(), step=lambda: self.counters.step,
+            keep_last=cfg.train.keep_last, group=self.ranks.group, echo=self.echo)
 
     # -- set-up ----------------------------------------------------------------------------
     def _feature_source(self, features):
@@ -159,14 +170,8 @@ class Trainer:
             if self.device.type == "cuda":
                 self.echo(f"train.cuda_graph_step: the step runs eagerly ({', '.join(why_not)})")
             return
-        self.step.use_graph(GraphedStep(self.step.graph_body, self.optimizer))
+        self.step.graph_whole_step()
         self.echo("train.cuda_graph_step: after 2 eager steps every step replays as one CUDA graph")
-
-    def build_scheduler(self):
-        """The LR schedule over ``total_steps`` (and the time budget, when one is set)."""
-        budget = self.budget_seconds
-        spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None
-        return build_scheduler(self.optimizer, self.cfg.optim, self.total_steps, spent)
 
     def _resolve_drafter(self):
         facts = self.target.facts
@@ -185,24 +190,6 @@ class Trainer:
         loaded, _ = load_drafter_folder(folder, self.target)
         self.drafter.load_state_dict(loaded.state_dict())
         self.echo(f"warm start from {folder}")
-
-    def _objective_options(self) -> ObjectiveOptions:
-        t = self.cfg.train
-        attention = t.attention
-        if attention == "auto":
-            attention = "flex" if self.device.type == "cuda" else "sdpa"
-        block = self.drafter_cfg.block_size
-        return ObjectiveOptions(
-            block_size=block,
-            mask_token_id=self.drafter_cfg.mask_token_id,
-            gamma=t.gamma or default_gamma(block),
-            attention=attention,
-            loss_chunk_size=t.loss_chunk_size,
-            distill=t.distill,
-            compiled_loss=self.compiled,
-            loss_positions=t.loss_positions,
-            reach_weighting=t.reach_weighting,
-        )
 
     def _build_data(self) -> None:
         cfg, tokenizer = self.cfg, self.target.tokenizer
@@ -367,15 +354,10 @@ class Trainer:
 
         return tqdm(total=self.total_steps, initial=self.counters.step, desc="train", unit="step", dynamic_ncols=True)
 
-    # -- state for checkpoints -------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {
-            "counters": vars(self.counters).copy(),
-            "data": self.batches.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.counters = Counters(**state["counters"])
-        self.batches.load_state_dict(state["data"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    # -- checkpoints -----------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Save a checkpoint (every rank calls this; ``checkpoints``, the run's
+        ``CheckpointManager``, says what it holds). A run whose skipped non-finite steps exceed
+        ``train.max_bad_steps`` raises here instead of saving."""
+        self.check_bad_steps()
+        return self.checkpoints.save()
