@@ -9,7 +9,7 @@ import pytest
 import torch
 from testkit import tiny_qwen3
 
-from dflash_train.data.generators import SamplingParams
+from dflash_train.decoding.generators import SamplingParams
 from dflash_train.decoding.batched import StaticCacheGenerator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -69,7 +69,7 @@ def cmd_regenerate(args) -> int:
     import torch
 
     from .errors import SkipReport
-    from .generators import HFGenerator, SamplingParams
+    from dflash_train.decoding.generators import HFGenerator, SamplingParams
     from .readers import read_records, resolve_files
     from .regenerate import run_regenerate
 

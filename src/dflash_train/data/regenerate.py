@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DataError, SkipReport, handle
-from .generators import Generator, SamplingParams
+from dflash_train.decoding.generators import Generator, SamplingParams
 from .readers import Record
 
 
