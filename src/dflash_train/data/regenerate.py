@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataError, SkipReport, handle
 from dflash_train.decoding.generators import Generator, SamplingParams
+
+from .errors import DataError, SkipReport, handle
 from .readers import Record
 
 
