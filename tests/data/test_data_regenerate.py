@@ -13,9 +13,9 @@ import pytest
 from data_helpers import REPO, SMOLLM2, write_jsonl
 
 from dflash_train.data.errors import SkipReport
-from dflash_train.data.generators import Generation, Generator, SamplingParams, split_reasoning
 from dflash_train.data.readers import read_records
 from dflash_train.data.regenerate import recover_output, run_regenerate
+from dflash_train.decoding.generators import Generation, Generator, SamplingParams, split_reasoning
 
 
 class EchoGenerator(Generator):

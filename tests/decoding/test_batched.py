@@ -13,8 +13,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from testkit import tiny_qwen3  # noqa: E402
 
-from dflash_train.data.generators import SamplingParams  # noqa: E402
 from dflash_train.decoding.batched import StaticCacheGenerator  # noqa: E402
+from dflash_train.decoding.generators import SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "assets" / "smollm2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from testkit import tiny_drafter, tiny_qwen3
 
@@ -89,15 +90,42 @@ def test_top_p_warp():
     torch.testing.assert_close(warp(torch.tensor([0.0, 0.0]), 0.5), torch.tensor([0.5, 0.5]))
 
 
-def test_end_to_end_sampling_matches_target():
+class SampledPath:
+    """A DFlash2-like sampled path: each slot draws among its top-2 candidates from a softmax
+    of scores that depend on the token drawn before it (the anchor for slot 1); ``q`` is that
+    distribution over the candidates, zero elsewhere. Counts its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, hidden, logits, anchor, sampling):
+        from dflash_train.decoding.core import Proposal, sample
+
+        self.calls += 1
+        top = logits.topk(2, dim=-1)
+        prev, tokens, q = anchor.view(1), [], torch.zeros_like(logits)
+        for slot in range(logits.shape[0]):
+            scores = top.values[slot] + 1.5 * (top.indices[slot] % 2 == prev % 2).float()
+            probs = torch.softmax(scores / sampling.temperature, -1)
+            q[slot, top.indices[slot]] = probs
+            prev = top.indices[slot][sample(probs[None], sampling.generator)]
+            tokens.append(prev)
+        return Proposal(torch.cat(tokens), q)
+
+
+@pytest.mark.parametrize("chooser", [None, SampledPath], ids=["dflash", "sampled-path"])
+def test_end_to_end_sampling_matches_target(chooser):
     """Tokens 2 and 3 of a sampled speculative decode (the first ones that go through
-    draft + verify) follow the target's exact marginals, computed by enumeration."""
+    draft + verify) follow the target's exact marginals, computed by enumeration; also with a
+    drafter whose proposal is a sampled path over few candidates (its q is zero elsewhere)."""
     vocab = 8
     model = tiny_qwen3(num_layers=4, hidden=32, vocab=vocab, seed=3)
     with torch.no_grad():  # sharpen the distributions so target and drafter disagree clearly
         model.lm_head.weight.mul_(12.0)
     target = Target(model)
     drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, seed=4)
+    if chooser is not None:
+        drafter.block_chooser = chooser()
     prompt = torch.tensor([[1, 5, 2]])
 
     with torch.no_grad():
@@ -122,3 +150,4 @@ def test_end_to_end_sampling_matches_target():
     assert chi2_excess(counts2, marg2) < 0
     assert chi2_excess(counts3, marg3) < 0
     assert len(set(taus)) > 1  # both the accept and the reject paths were taken
+    assert chooser is None or drafter.block_chooser.calls >= n  # the path drafter drafted

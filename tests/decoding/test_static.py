@@ -55,10 +55,10 @@ class RecordingProposer(DFlashProposer):
         super().__init__(target, drafter)
         self.drafts = []
 
-    def propose(self, tokens, new_features, num_draft):
-        logits = super().propose(tokens, new_features, num_draft)
-        self.drafts.append(logits.argmax(-1).tolist())
-        return logits
+    def propose_block(self, tokens, new_features, num_draft, sampling):
+        proposal = super().propose_block(tokens, new_features, num_draft, sampling)
+        self.drafts.append(proposal.tokens.tolist())
+        return proposal
 
 
 @pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])

@@ -9,8 +9,8 @@ import pytest
 import torch
 from testkit import tiny_qwen3
 
-from dflash_train.data.generators import SamplingParams
 from dflash_train.decoding.batched import StaticCacheGenerator
+from dflash_train.decoding.generators import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json  # noqa: E402
 
-from dflash_train.data.generators import Generation, Generator  # noqa: E402
+from dflash_train.decoding.generators import Generation, Generator  # noqa: E402
 from dflash_train.recipes import prompts as P  # noqa: E402
 
 

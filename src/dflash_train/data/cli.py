@@ -68,8 +68,9 @@ def cmd_regenerate(args) -> int:
 
     import torch
 
+    from dflash_train.decoding.generators import HFGenerator, SamplingParams
+
     from .errors import SkipReport
-    from .generators import HFGenerator, SamplingParams
     from .readers import read_records, resolve_files
     from .regenerate import run_regenerate
 

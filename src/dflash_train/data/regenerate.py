@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dflash_train.decoding.generators import Generator, SamplingParams
+
 from .errors import DataError, SkipReport, handle
-from .generators import Generator, SamplingParams
 from .readers import Record
 
 

@@ -16,7 +16,7 @@ mask) through its ordinary ``forward``, but with:
   ``num_heads`` are packed as ``(kv_heads, group)`` so SDPA reads each cached K/V head once,
   where the stock SDPA path with a 4D mask first copies the whole cache ``group`` times
   (``repeat_kv``); packing made greedy decoding 3.5x faster on an H200 (31.1K vs 8.8K new
-  tok/s, ``recipes/smollm2/bench_gen.py --modes cudagraph,cudagraph:stock``);
+  tok/s, ``python -m dflash_train.bench.generate --modes cudagraph,cudagraph:stock``);
 * optionally (``compact=True``), at a check where at most half of a bucket's rows are still
   running, those rows move to the front of the K/V buffers and decoding continues at the
   smaller row count (its own CUDA graph): a bucket no longer pays for its finished rows until
@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dflash_train.data.generators import Generation, HFGenerator, SamplingParams
 from dflash_train.hf_compat import cache_kwarg
 
 from .cache import KVBuffers, capture_cuda_graph
+from .core import compile_step, sample_without_sync, warp
+from .generators import Generation, HFGenerator, SamplingParams
 from .grouped import grouped_attention
 
 MODES = ("auto", "eager", "cudagraph", "compile")
@@ -199,31 +200,40 @@ class StaticCacheGenerator(HFGenerator):
     def _run_bucket(self, prompts, plen, length, params, stop) -> list[list[int]]:
         n = len(prompts)
         batch = _round_up(n, self.batch_multiple)
-        prompts = prompts + [prompts[-1]] * (batch - n)
-        dev = self.device
-        ids = torch.full((batch, plen), self.pad_id, dtype=torch.long)
-        pad_len = torch.empty(batch, dtype=torch.long)
+        ids, pad_len = self._left_padded(prompts + [prompts[-1]] * (batch - n), plen)
+        allowed = torch.arange(length, device=self.device)[None, :] >= pad_len[:, None]  # (B, L): not padding
+        self.buffers.view(batch, length)
+        next_tok = self._prefill(ids, pad_len, allowed, plen, length, params)
+        step = self._step_for(batch, length)
+        neg = torch.finfo(self.dtype).min
+        step.mask.copy_(torch.where(allowed & (torch.arange(length, device=self.device)[None, :] < plen), 0.0,
+                                    neg)[:, None, None, :])
+        step.position_ids.copy_((plen - pad_len)[:, None])
+        step.cache_pos.fill_(plen)
+        done = self._decode_bucket(step, next_tok, n, length, params, stop)
+        return [_cut_after_stop(row, self.stop_ids) for row in done.tolist()]
+
+    def _left_padded(self, prompts: list[list[int]], plen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [B, plen] left-padded with the pad id, pad lengths [B]) on the device."""
+        ids = torch.full((len(prompts), plen), self.pad_id, dtype=torch.long)
+        pad_len = torch.empty(len(prompts), dtype=torch.long)
         for r, p in enumerate(prompts):
             ids[r, plen - len(p):] = torch.tensor(p, dtype=torch.long)
             pad_len[r] = plen - len(p)
-        ids, pad_len = ids.to(dev), pad_len.to(dev)
-        cols = torch.arange(length, device=dev)
-        allowed = cols[None, :] >= pad_len[:, None]  # (B, L): keys that are not padding
-        self.buffers.view(batch, length)
-        step = self._step_for(batch, length)
-        neg = torch.finfo(self.dtype).min
+        return ids.to(self.device), pad_len.to(self.device)
 
-        # prefill, in row chunks; the last position's logits give the first new token
+    def _prefill(self, ids, pad_len, allowed, plen: int, length: int, params: SamplingParams) -> torch.Tensor:
+        """The prompts' K/V into the buffers, in row chunks; the first new token of every row."""
+        dev, batch, neg = self.device, ids.shape[0], torch.finfo(self.dtype).min
         t0 = time.perf_counter()
         chunk = max(1, self.prefill_tokens // plen)
         first = []
-        causal = cols[None, :length] <= torch.arange(plen, device=dev)[:, None]  # (P, L)
+        causal = torch.arange(length, device=dev)[None, :] <= torch.arange(plen, device=dev)[:, None]  # (P, L)
         self.buffers.pos = torch.arange(plen, device=dev)
         for r0 in range(0, batch, chunk):
             rs = slice(r0, min(batch, r0 + chunk))
             self.buffers.rows = rs
-            mask = (allowed[rs, None, None, :] & causal[None, None]).to(self.dtype)
-            mask = (1.0 - mask) * neg
+            mask = (1.0 - (allowed[rs, None, None, :] & causal[None, None]).to(self.dtype)) * neg
             pos_ids = (torch.arange(plen, device=dev)[None, :] - pad_len[rs, None]).clamp(min=0)
             out = self.model(input_ids=ids[rs], attention_mask=mask, position_ids=pos_ids, use_cache=True,
                              logits_to_keep=1, **{cache_kwarg(self.model): self.buffers})
@@ -234,20 +244,22 @@ class StaticCacheGenerator(HFGenerator):
             torch.cuda.synchronize()
         self.stats.prefill_seconds += time.perf_counter() - t0
         self.stats.buckets += 1
+        return next_tok
 
-        # decode
-        step.mask.copy_(torch.where(allowed & (cols[None, :] < plen), 0.0, neg)[:, None, None, :])
-        step.position_ids.copy_((plen - pad_len)[:, None])
-        step.cache_pos.fill_(plen)
-        out_tokens = torch.full((batch, params.max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
+    def _decode_bucket(self, step: _Step, next_tok, n: int, length: int, params: SamplingParams, stop):
+        """One token per step for every row until all stopped (checked every ``check_every``
+        steps) or ``max_new_tokens``; compacting the running rows when asked. Returns the new
+        tokens [n, steps] of the first ``n`` rows (padding after a row's stop token)."""
+        batch, dev, max_new = next_tok.shape[0], self.device, params.max_new_tokens
+        out_tokens = torch.full((batch, max_new), self.pad_id, dtype=torch.long, device=dev)
         finished = torch.zeros(batch, dtype=torch.bool, device=dev)
-        done = torch.full((n, params.max_new_tokens), self.pad_id, dtype=torch.long, device=dev)
+        done = torch.full((n, max_new), self.pad_id, dtype=torch.long, device=dev)
         origin = torch.arange(n, device=dev)  # the prompt each of the first ``live`` rows answers
-        live, steps = n, params.max_new_tokens
-        for t in range(params.max_new_tokens):
+        live, steps = n, max_new
+        for t in range(max_new):
             out_tokens[:, t] = next_tok
             finished |= torch.isin(next_tok, stop)
-            if t == params.max_new_tokens - 1:
+            if t == max_new - 1:
                 break
             if (t + 1) % self.check_every == 0:
                 running = int((~finished[:live]).sum())
@@ -260,22 +272,19 @@ class StaticCacheGenerator(HFGenerator):
                     step, out_tokens, finished, next_tok, batch = self._compact(
                         step, keep, length, out_tokens, finished, next_tok)
                     origin, live = origin[keep], running
-            step.ids.copy_(next_tok[:, None])
-            step.mask.index_fill_(3, step.cache_pos, 0.0)  # the new token may be attended to
-            logits = self._decode_step(step)
-            next_tok = self._sample(logits, params)
-            step.position_ids.add_(1)
-            step.cache_pos.add_(1)
-            self.stats.steps += 1
-            self.stats.row_steps += batch
+            next_tok = self._one_step(step, next_tok, params)
         done[origin] = out_tokens[:live]
-        rows = done[:, :steps].tolist()
-        stop_set = self.stop_ids
-        results = []
-        for row in rows:
-            cut = next((k for k, tok in enumerate(row) if tok in stop_set), None)
-            results.append(row if cut is None else row[:cut + 1])
-        return results
+        return done[:, :steps]
+
+    def _one_step(self, step: _Step, next_tok: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        step.ids.copy_(next_tok[:, None])
+        step.mask.index_fill_(3, step.cache_pos, 0.0)  # the new token may be attended to
+        logits = self._decode_step(step)
+        step.position_ids.add_(1)
+        step.cache_pos.add_(1)
+        self.stats.steps += 1
+        self.stats.row_steps += step.ids.shape[0]
+        return self._sample(logits, params)
 
     def _compact(self, step: _Step, keep: torch.Tensor, length: int, out_tokens, finished, next_tok):
         """Move the running rows ``keep`` to the front and continue at a smaller batch (padded to
@@ -343,12 +352,8 @@ class StaticCacheGenerator(HFGenerator):
 
     def _compiled_step(self, step: _Step) -> torch.Tensor:
         if self._compiled is None:
-            import torch._dynamo as dynamo
-
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(dynamo.config, name):
-                    setattr(dynamo.config, name, max(getattr(dynamo.config, name), 64))
-            self._compiled = torch.compile(self._forward_step, mode="reduce-overhead", dynamic=False)
+            # one graph per bucket shape: many more shapes than the static decoder's three steps
+            self._compiled = compile_step(self._forward_step, "reduce-overhead", recompile_limit=64)
         if step.generation != self.buffers.generation or not getattr(self.buffers.k[0], "_fastgen_static", False):
             for t in (*self.buffers.k, *self.buffers.v, step.ids, step.position_ids, step.cache_pos, step.mask):
                 torch._dynamo.mark_static_address(t)
@@ -359,15 +364,13 @@ class StaticCacheGenerator(HFGenerator):
 
     @staticmethod
     def _sample(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """Next tokens [B] on device: argmax, or the warped distribution sampled without a sync."""
         if params.temperature <= 0:
             return logits.argmax(-1)
-        logits = logits.float() / params.temperature
-        if params.top_p < 1.0:
-            sorted_logits, idx = logits.sort(-1, descending=True)
-            cum = sorted_logits.softmax(-1).cumsum(-1)
-            drop = (cum - sorted_logits.softmax(-1)) > params.top_p  # keeps at least the top token
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
-        probs = logits.softmax(-1)
-        # exponential race == multinomial sampling, without a host sync
-        return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+        return sample_without_sync(warp(logits, params.temperature, params.top_p))
+
+
+def _cut_after_stop(row: list[int], stop: set[int]) -> list[int]:
+    """A row's new tokens up to and including its first stop token."""
+    cut = next((k for k, tok in enumerate(row) if tok in stop), None)
+    return row if cut is None else row[:cut + 1]

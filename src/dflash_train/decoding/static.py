@@ -15,7 +15,9 @@ step has a fixed shape, so on CUDA it is captured once as a CUDA graph and repla
   the unused rows of the fixed-size input are written to the scratch slot, which no
   query can see;
 * one host sync per verify step: the drafts and the target's argmax come back together
-  (``B`` + ``B`` integers) to decide acceptance, exactly as :func:`greedy_accept`. The
+  (``B`` + ``B`` integers) to decide acceptance (:mod:`.core`'s longest matching prefix and
+  ledger, as in the reference loop). The drafts come from the drafter's chooser inside the
+  graphed draft step (:func:`~.core.block_chooser`: each slot's argmax for DFlash). The
   draft/verify time split comes from CUDA events, not from extra syncs: it is GPU time
   from the draft's inputs to the verify launch, and of the verify step itself.
 
@@ -46,17 +48,26 @@ import warnings
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from dflash_train.devices import synchronize
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
 from .cache import KVBuffers, capture_cuda_graph
+from .core import (
+    GREEDY,
+    GenResult,
+    SpecLedger,
+    SpecResult,
+    TopK,
+    block_chooser,
+    compile_step,
+    leading_matches,
+)
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
+from .proposers import block_hidden, block_logits, drafter_setting
 from .skinny import check_linear_mode, skinny_linear
-from .speculative import GenResult, SpecResult, _cfg, _truncate, record_step
 
 MODES = ("auto", "eager", "cudagraph")
 STEPS = ("plain", "verify", "draft")
@@ -105,15 +116,6 @@ def _store_output(out: dict, i: int):
     return hook
 
 
-def _compile(fn, mode: str):
-    import torch._dynamo as dynamo
-
-    for name in ("recompile_limit", "cache_size_limit"):  # three steps, one shape each
-        if hasattr(dynamo.config, name):
-            setattr(dynamo.config, name, max(getattr(dynamo.config, name), 16))
-    return torch.compile(fn, dynamic=False, mode=None if mode == "default" else mode)
-
-
 class _Graphed:
     """``fn()`` (reading and writing only fixed tensors) run eagerly or as a CUDA graph,
     optionally compiled first. Failures degrade one level at a time with a warning:
@@ -122,7 +124,7 @@ class _Graphed:
 
     def __init__(self, fn, use_graph: bool, compile_mode: str | None = None):
         self.eager_fn, self.use_graph = fn, use_graph
-        self.fn = _compile(fn, compile_mode) if compile_mode else fn
+        self.fn = compile_step(fn, compile_mode) if compile_mode else fn  # three steps, one shape each
         self.compiled, self.warm = compile_mode is not None, False
         self.graph, self.outputs = None, None
 
@@ -211,8 +213,9 @@ class StaticDecoder:
         self.block = native if block_size is None else int(block_size)
         if not 2 <= self.block <= native:
             raise ValueError(f"block_size must be in 2..{native} (the drafter's), got {block_size}")
-        self.layer_ids = list(_cfg(cfg, "target_layer_ids"))
-        self.mask_token_id = int(_cfg(cfg, "mask_token_id"))
+        self.layer_ids = list(drafter_setting(cfg, "target_layer_ids"))
+        self.mask_token_id = int(drafter_setting(cfg, "mask_token_id"))
+        self.choose = block_chooser(drafter)
         self.max_len = int(max_len)
         self.dtype = target.lm_head_weight.dtype
         self.drafter_dtype = next(drafter.parameters()).dtype
@@ -279,11 +282,9 @@ class StaticDecoder:
         self.dcache.write_pos = torch.where(rows < num_new, ctx_pos[0], self.max_len)  # unused rows -> scratch
         block_pos = (p + self.offsets)[None]
         block_ids = torch.cat([anchor, self.mask_ids], dim=1)
-        embeds = self.target.embed(block_ids).to(self.drafter_dtype)
-        hidden = self.drafter(embeds, features.to(self.drafter_dtype), block_pos, ctx_pos.clamp(min=0),
-                              masks=self._masks(p), cache=self.dcache)
-        weight = self.target.lm_head_weight
-        return F.linear(hidden[0, 1:].to(weight.dtype), weight).float().argmax(-1)
+        hidden = block_hidden(self.target, self.drafter, block_ids, features, block_pos, ctx_pos.clamp(min=0),
+                              self._masks(p), self.dcache, self.drafter_dtype)[0, 1:]
+        return self.choose(hidden, block_logits(self.target, hidden), anchor[0], GREEDY).tokens
 
     def _masks(self, p: torch.Tensor) -> dict:
         """The block anchored at ``p`` over every drafter slot: slots at or after ``p``
@@ -323,53 +324,58 @@ class StaticDecoder:
     def _speculative(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids) -> SpecResult:
         prompt_len = input_ids.shape[1]
         self._check_length(prompt_len, max_new_tokens)
-        num_draft, stop = self.block - 1, {int(t) for t in stop_token_ids}
-        result = SpecResult([], [], [0] * num_draft, [0] * num_draft, self.block)
-        if max_new_tokens <= 0:
-            return result
+        ledger = SpecLedger(max_new_tokens, self.block, stop_token_ids)
+        if ledger.finished:
+            return ledger.done()
         synchronize(self.device)
         t0 = time.perf_counter()
         logits, features = self._prefill(input_ids, True)
-        first = int(logits[-1].argmax())
+        ledger.start(int(logits[-1].argmax()))
         synchronize(self.device)
         t1 = time.perf_counter()
-        result.prefill_time = t1 - t0
-        generated, finished = [first], first in stop or max_new_tokens <= 1
+        ledger.result.prefill_time = t1 - t0
         p = prompt_len  # position of the last committed token; the target has seen 0..p-1
         # the prompt's features enter the drafter's context eagerly (variable length)
-        self.anchor.fill_(first)
+        self.anchor.fill_(ledger.last)
         clock = _Clock(self.device)
         mark_draft = clock.mark()
         drafts = self._draft(features, torch.tensor(prompt_len, device=self.device),
-                             torch.tensor(p, device=self.device), self.anchor) if not finished else None
-        while not finished:
-            self.verify_ids[0, 0] = generated[-1]
-            self.verify_ids[0, 1:].copy_(drafts)
-            torch.add(self.offsets, p, out=self.verify_pos[0])
-            mark_verify = clock.mark()
-            both, features = self.verify_step()
-            mark_done = clock.mark()
-            both = both.tolist()  # the one host sync per verify step
-            result.draft_time += clock.seconds(mark_draft, mark_verify)
-            result.verify_time += clock.seconds(mark_verify, mark_done)
-            draft_list, choice = both[:num_draft], both[num_draft:]
-            accepted = next((k for k in range(num_draft) if draft_list[k] != choice[k]), num_draft)
-            record_step(result, accepted, num_draft)
-            new, finished = _truncate(draft_list[:accepted] + [choice[accepted]], max_new_tokens - len(generated),
-                                      stop)
-            generated += new
-            if not finished:
+                             torch.tensor(p, device=self.device), self.anchor) if not ledger.finished else None
+        while not ledger.finished:
+            accepted, features = self._verify_and_commit(ledger, drafts, p, clock, mark_draft)
+            if not ledger.finished:
                 p += accepted + 1
                 mark_draft = clock.mark()
-                self.new_features.copy_(features)
-                self.num_new.fill_(accepted + 1)
-                self.anchor_pos.fill_(p)
-                self.anchor.fill_(generated[-1])
-                drafts = self.draft_step()
+                drafts = self._next_drafts(features, accepted + 1, p, ledger.last)
         synchronize(self.device)
-        result.decode_time = time.perf_counter() - t1
-        result.tokens = generated
-        return result
+        ledger.result.decode_time = time.perf_counter() - t1
+        return ledger.done()
+
+    def _verify_and_commit(self, ledger: SpecLedger, drafts: torch.Tensor, p: int, clock: _Clock, mark_draft):
+        """The graphed verify of ``[last, drafts]`` at ``p``, then greedy acceptance and the commit
+        (the one host sync of the step): (accepted drafts, the verified features)."""
+        num_draft = self.block - 1
+        self.verify_ids[0, 0] = ledger.last
+        self.verify_ids[0, 1:].copy_(drafts)
+        torch.add(self.offsets, p, out=self.verify_pos[0])
+        mark_verify = clock.mark()
+        both, features = self.verify_step()
+        mark_done = clock.mark()
+        both = both.tolist()  # the one host sync per verify step
+        ledger.result.draft_time += clock.seconds(mark_draft, mark_verify)
+        ledger.result.verify_time += clock.seconds(mark_verify, mark_done)
+        draft_list, choice = both[:num_draft], both[num_draft:]
+        accepted = leading_matches(draft_list, choice)
+        ledger.commit(draft_list, accepted, choice[accepted])
+        return accepted, features
+
+    def _next_drafts(self, features: torch.Tensor, num_new: int, p: int, anchor: int) -> torch.Tensor:
+        """The graphed draft step anchored at ``p`` after ``num_new`` verified features."""
+        self.new_features.copy_(features)
+        self.num_new.fill_(num_new)
+        self.anchor_pos.fill_(p)
+        self.anchor.fill_(anchor)
+        return self.draft_step()
 
     @torch.no_grad()
     def plain(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids=(), record_topk: int = 0
@@ -381,20 +387,16 @@ class StaticDecoder:
     def _plain_loop(self, input_ids, max_new_tokens, stop_token_ids, record_topk) -> GenResult:
         prompt_len = input_ids.shape[1]
         self._check_length(prompt_len, max_new_tokens)
-        stop, result = {int(t) for t in stop_token_ids}, GenResult([])
+        stop, result, topk = {int(t) for t in stop_token_ids}, GenResult([]), TopK(record_topk)
         if max_new_tokens <= 0:
             return result
-        top_vals, top_ids = [], []
         synchronize(self.device)
         t0 = time.perf_counter()
         logits, _ = self._prefill(input_ids, False)
         logits, t1 = logits[-1].float(), None
         choice = logits.argmax()
         while True:
-            if record_topk:
-                v, i = logits.topk(record_topk)
-                top_vals.append(v)  # topk allocates: the next replay does not overwrite these
-                top_ids.append(i)
+            topk.add(logits)
             tok = int(choice)
             result.tokens.append(tok)
             if t1 is None:
@@ -407,8 +409,4 @@ class StaticDecoder:
             logits, choice = self.plain_step()
         synchronize(self.device)
         result.decode_time = time.perf_counter() - t1
-        if record_topk:
-            result.topk_values = torch.stack(top_vals).cpu()
-            result.topk_ids = torch.stack(top_ids).cpu()
-        return result
-
+        return topk.store(result)

@@ -10,6 +10,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def register(subparsers) -> None:
     from dflash_train.decoding.skinny import LINEAR_MODES
+    from dflash_train.eval.flags import nonnegative_float, nonnegative_int, positive_int, probability
 
     p = subparsers.add_parser(
         "eval",
@@ -23,13 +24,13 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", required=True,
                    help="chat .jsonl/.json (messages / conversations / prompt), a text file (one prompt per line), "
                         "or a packaged set: heldout (reports), selection (choosing ablations)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-size", type=int, default=None, help="default: the drafter's; may be smaller")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--block-size", type=positive_int, default=None, help="default: the drafter's; may be smaller")
+    p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts (N >= 1)")
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip plain target decoding (no speedup, no lossless check)")
@@ -53,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
                    help="static engine: one GEMM for q/k/v and one for gate/up in every target layer "
                         "(default: on with CUDA)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
 
@@ -81,10 +82,6 @@ def run(args: argparse.Namespace) -> int:
     from dflash_train.eval.evaluate import EvalOptions, evaluate, format_table, write_report
     from dflash_train.eval.loader import load_eval_inputs
 
-    if args.max_new_tokens < 1:
-        raise ValueError("--max-new-tokens must be >= 1")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
     device = str(resolve_device(args.device, "--device"))
     dtype_name = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)

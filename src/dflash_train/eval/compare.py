@@ -29,6 +29,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_train.eval.flags import nonnegative_float
+
 
 @dataclass
 class Paired:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="drop variants whose report does not exist (counted) instead of failing")
     parser.add_argument("--choose", default=None, metavar="RANGE",
                         help="name the variant with the largest gain on this prompt range (one of --prompts)")
-    parser.add_argument("--min-se", type=float, default=2.0,
+    parser.add_argument("--min-se", type=nonnegative_float, default=2.0,
                         help="--choose takes a variant only if its gain is above this many standard errors")
     args = parser.parse_args(argv)
     variants = args.variants

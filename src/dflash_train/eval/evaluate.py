@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_train.decoding.speculative import GenResult, SpecResult, speculative_generate, target_generate
+from dflash_train.decoding.core import GenResult, SpecResult
+from dflash_train.decoding.speculative import speculative_generate, target_generate
 
 # Largest gap (plain decode's top-1 logit minus the logit of the token speculative decoding
 # chose) that still counts as a rounding near-tie at the first divergence.
@@ -229,77 +230,86 @@ def _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, c
             lambda ids, n, generator, record_topk=0: decoder.plain(ids, n, stop, record_topk=record_topk))
 
 
-def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
-    max_new_tokens, block_size, temperature, top_p = opts.max_new_tokens, opts.block_size, opts.temperature, opts.top_p
-    stop_token_ids, baseline, lossless_check, tie_tolerance = (opts.stop_token_ids, opts.baseline,
-                                                               opts.lossless_check, opts.tie_tolerance)
-    seed, warmup, progress, engine = opts.seed, opts.warmup, opts.progress, opts.engine
-    device = target.device
-    stop = default_stop_token_ids(target) if stop_token_ids is None else [int(t) for t in stop_token_ids]
-    greedy = temperature <= 0
-    if lossless_check is None:
-        lossless_check = baseline and greedy
-    if lossless_check and not (baseline and greedy):
+@dataclass
+class _Settings:
+    """What ``_evaluate`` resolves from the options and the models before decoding."""
+
+    stop: list[int]
+    lossless_check: bool
+    tolerance: float
+    block: int
+    compile_mode: bool | str
+    layout: tuple[str, bool]
+
+
+def _settings(target, drafter, opts: EvalOptions) -> _Settings:
+    stop = default_stop_token_ids(target) if opts.stop_token_ids is None else [int(t) for t in opts.stop_token_ids]
+    greedy = opts.temperature <= 0
+    lossless_check = opts.baseline and greedy if opts.lossless_check is None else opts.lossless_check
+    if lossless_check and not (opts.baseline and greedy):
         raise ValueError("the lossless check needs temperature 0 and the target-only baseline")
     dtype = target.lm_head_weight.dtype
-    tolerance = TIE_TOLERANCE.get(dtype, 0.0) if tie_tolerance is None else float(tie_tolerance)
+    tolerance = TIE_TOLERANCE.get(dtype, 0.0) if opts.tie_tolerance is None else float(opts.tie_tolerance)
+    block = int(drafter.block_size) if opts.block_size is None else int(opts.block_size)
+    return _Settings(stop, lossless_check, tolerance, block, static_compile(opts.compile, target.device),
+                     static_layout(opts.linear, opts.fuse_projections, target))
+
+
+def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
     prompts = [torch.as_tensor(p, dtype=torch.long).view(1, -1) for p in prompts]
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    native = int(drafter.block_size)
-    block = native if block_size is None else int(block_size)
-    gen = torch.Generator(device=device)
-    common = {"temperature": temperature, "top_p": top_p, "stop_token_ids": stop}
-
-    compile_mode = static_compile(opts.compile, device)
-    layout = static_layout(opts.linear, opts.fuse_projections, target)
-    spec_fn, plain_fn = _decoders(engine, target, drafter, prompts, max_new_tokens, block, common, compile_mode,
-                                  layout, opts.compile_steps)
-    if warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
+    run = _settings(target, drafter, opts)
+    common = {"temperature": opts.temperature, "top_p": opts.top_p, "stop_token_ids": run.stop}
+    spec_fn, plain_fn = _decoders(opts.engine, target, drafter, prompts, opts.max_new_tokens, run.block, common,
+                                  run.compile_mode, run.layout, opts.compile_steps)
+    gen = torch.Generator(device=target.device)
+    if opts.warmup:  # first calls pay for allocator / kernel selection / graph capture / compilation; keep them
         # out of the timings. 2B+1 tokens: even a fully accepted first block leaves a draft step to run
-        n = min(2 * block + 1, max_new_tokens)
-        spec_fn(prompts[0], n, gen.manual_seed(seed))
-        if baseline:
-            plain_fn(prompts[0], n, gen.manual_seed(seed))
+        n = min(2 * run.block + 1, opts.max_new_tokens)
+        spec_fn(prompts[0], n, gen.manual_seed(opts.seed))
+        if opts.baseline:
+            plain_fn(prompts[0], n, gen.manual_seed(opts.seed))
+    spec, plain, verdicts = _decode_prompts(spec_fn, plain_fn, prompts, opts, run, gen)
+    return _report(target, prompts, spec, plain, verdicts, opts, run)
 
-    spec, plain, verdicts = [], [] if baseline else None, []
+
+def _decode_prompts(spec_fn, plain_fn, prompts, opts: EvalOptions, run: _Settings, gen):
+    """Every prompt decoded speculatively (and plainly, with the baseline); the lossless verdicts."""
+    spec, plain, verdicts = [], [] if opts.baseline else None, []
     iterator = range(len(prompts))
-    if progress:
+    if opts.progress:
         from tqdm import tqdm
 
         iterator = tqdm(iterator, desc="eval", unit="prompt")
     for i in iterator:
         ids = prompts[i]
-        if baseline:
-            plain.append(plain_fn(ids, max_new_tokens, gen.manual_seed(seed + i),
-                                  record_topk=TOPK_RECORDED if lossless_check else 0))
-        spec.append(spec_fn(ids, max_new_tokens, gen.manual_seed(seed + i)))
-        if lossless_check:
-            verdict = compare_greedy(spec[-1].tokens, plain[-1], tolerance)
+        if opts.baseline:
+            plain.append(plain_fn(ids, opts.max_new_tokens, gen.manual_seed(opts.seed + i),
+                                  record_topk=TOPK_RECORDED if run.lossless_check else 0))
+        spec.append(spec_fn(ids, opts.max_new_tokens, gen.manual_seed(opts.seed + i)))
+        if run.lossless_check:
+            verdict = compare_greedy(spec[-1].tokens, plain[-1], run.tolerance)
             verdicts.append(verdict)
-            if progress and verdict["diverged_at"] is not None:
+            if opts.progress and verdict["diverged_at"] is not None:
                 iterator.write(f"prompt {i}: speculative output diverges at token {verdict['diverged_at']}: {verdict}")
-        if progress:
+        if opts.progress:
             iterator.set_postfix(tau=f"{spec[-1].mean_tau:.2f}")
+    return spec, plain, verdicts
 
-    report = summarize(spec, plain, block)
+
+def _report(target, prompts, spec, plain, verdicts, opts: EvalOptions, run: _Settings) -> dict:
+    report = summarize(spec, plain, run.block)
     report.update({
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-        "dtype": str(dtype).removeprefix("torch."), "device": str(device), "stop_token_ids": stop,
-        "engine": engine,
-        **({"static_compile": compile_mode, "static_compiled_steps": list(opts.compile_steps) if compile_mode else [],
-            "static_linear": layout[0], "static_fused_projections": layout[1]}
-           if engine == "static" else {}),
+        "max_new_tokens": opts.max_new_tokens, "temperature": opts.temperature, "top_p": opts.top_p,
+        "dtype": str(target.lm_head_weight.dtype).removeprefix("torch."), "device": str(target.device),
+        "stop_token_ids": run.stop, "engine": opts.engine,
+        **({"static_compile": run.compile_mode,
+            "static_compiled_steps": list(opts.compile_steps) if run.compile_mode else [],
+            "static_linear": run.layout[0], "static_fused_projections": run.layout[1]}
+           if opts.engine == "static" else {}),
     })
-    if lossless_check:
-        failed = [i for i, v in enumerate(verdicts) if not v["ok"]]
-        report["lossless"] = {
-            "checked": True, "ok": not failed, "tolerance": tolerance, "failed_prompts": failed,
-            "near_tie_divergences": [i for i, v in enumerate(verdicts) if v["ok"] and v["diverged_at"] is not None],
-            "per_prompt": verdicts,
-        }
-    else:
-        report["lossless"] = {"checked": False, "ok": None}
+    report["lossless"] = _lossless(verdicts, run.tolerance) if run.lossless_check else {"checked": False, "ok": None}
     report["prompts"] = [
         {"prompt_tokens": int(p.shape[1]), "new_tokens": len(s.tokens), "tau": s.mean_tau,
          "acceptance_lengths": s.acceptance_lengths, "spec_decode_tokens_per_s": s.decode_tokens_per_s,
@@ -307,6 +317,13 @@ def _evaluate(target, drafter, prompts, opts: EvalOptions) -> dict:
         for p, s, g in zip(prompts, spec, plain if plain is not None else [None] * len(spec))
     ]
     return report
+
+
+def _lossless(verdicts: list[dict], tolerance: float) -> dict:
+    failed = [i for i, v in enumerate(verdicts) if not v["ok"]]
+    return {"checked": True, "ok": not failed, "tolerance": tolerance, "failed_prompts": failed,
+            "near_tie_divergences": [i for i, v in enumerate(verdicts) if v["ok"] and v["diverged_at"] is not None],
+            "per_prompt": verdicts}
 
 
 # ---------------------------------------------------------------------------------------

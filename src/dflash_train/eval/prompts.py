@@ -21,7 +21,10 @@ def record_prompt(record, where: str) -> list[dict]:
 
 
 def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[list[dict]]:
-    """Prompts as message lists from ``.jsonl``/``.json`` chat files or a plain text file."""
+    """Prompts as message lists from ``.jsonl``/``.json`` chat files or a plain text file;
+    ``limit``: the first N prompts (None: all; 0 or less is refused, not read as "all")."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"prompt limit must be >= 1 (or none for all prompts), got {limit}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")

@@ -32,17 +32,19 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from dflash_train.decoding.speculative import (
+from dflash_train.decoding.core import (
+    GREEDY,
+    SpecLedger,
     SpecResult,
-    _cfg,
-    _truncate,
-    as_proposer,
-    record_step,
-    target_generate,
+    block_chooser,
+    choose_independently,
+    leading_matches,
 )
+from dflash_train.decoding.proposers import as_proposer, block_hidden, block_logits, drafter_setting
+from dflash_train.decoding.speculative import target_generate
 from dflash_train.eval.evaluate import default_stop_token_ids, summarize
+from dflash_train.eval.flags import positive_int
 
 
 # ---------------------------------------------------------------------------------------
@@ -97,26 +99,20 @@ def load_or_make_references(path: str | Path | None, key: str, make) -> list[lis
 # ---------------------------------------------------------------------------------------
 # the walk
 # ---------------------------------------------------------------------------------------
-def _leading_matches(drafts: list[int], truth: list[int]) -> int:
-    return next((k for k, (d, t) in enumerate(zip(drafts, truth)) if d != t), len(drafts))
-
-
 def walk(sequence: list[int], prompt_len: int, max_new_tokens: int, num_draft: int, stop: set[int],
          accepted_at) -> SpecResult:
     """The verify steps of a greedy decode over ``sequence`` (prompt + the target's greedy
     tokens): ``accepted_at(p)`` is how many drafts from the block anchored at position
     ``p`` match; it is called for increasing ``p``, as a real decode would draft."""
-    result = SpecResult([], [], [0] * num_draft, [0] * num_draft, num_draft + 1)
-    generated = [sequence[prompt_len]]  # the prefill's token
-    finished = generated[0] in stop or max_new_tokens <= 1
-    while not finished:
-        p = prompt_len + len(generated) - 1  # the last committed token's position
+    ledger = SpecLedger(max_new_tokens, num_draft + 1, stop)
+    if ledger.finished:
+        return ledger.done()
+    ledger.start(sequence[prompt_len])  # the prefill's token
+    while not ledger.finished:
+        p = prompt_len + len(ledger.generated) - 1  # the last committed token's position
         accepted = accepted_at(p)
-        record_step(result, accepted, num_draft)
-        new, finished = _truncate(sequence[p + 1: p + 2 + accepted], max_new_tokens - len(generated), stop)
-        generated += new
-    result.tokens = generated
-    return result
+        ledger.commit(sequence[p + 1: p + 1 + accepted], accepted, sequence[p + 1 + accepted])
+    return ledger.done()
 
 
 def _checked_sequence(prompt: torch.Tensor, continuation: list[int], max_new_tokens: int, num_draft: int):
@@ -142,6 +138,7 @@ def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], 
     target's greedy tokens, at least ``max_new_tokens + num_draft + 1`` of them): the
     proposer drafts exactly as in a real decode (its cache fed step by step)."""
     sequence, prompt_len = _checked_sequence(prompt, continuation, max_new_tokens, num_draft)
+    proposer = as_proposer(target, proposer)
     features = _features(target, list(proposer.feature_layer_ids), sequence, prompt_len + max_new_tokens + num_draft)
     proposer.reset()
     fed = [0]  # context positions whose features the proposer has
@@ -151,8 +148,8 @@ def replay_one(target, proposer, prompt: torch.Tensor, continuation: list[int], 
             return 0
         new_features = features[:, fed[0]:p] if features is not None else None
         fed[0] = p
-        drafts = proposer.propose(sequence[: p + 1], new_features, num_draft).argmax(-1).tolist()
-        return _leading_matches(drafts, sequence[p + 1: p + 1 + num_draft])
+        drafts = proposer.propose_block(sequence[: p + 1], new_features, num_draft, GREEDY).tokens.tolist()
+        return leading_matches(drafts, sequence[p + 1: p + 1 + num_draft])
 
     return walk(sequence, prompt_len, max_new_tokens, num_draft, stop, accepted_at)
 
@@ -168,16 +165,16 @@ def block_states(target, drafter, sequence: list[int], anchors: list[int], num_d
     cfg = drafter.config
     block, device = num_draft + 1, target.device
     context_len = max(anchors)
-    features = _features(target, list(_cfg(cfg, "target_layer_ids")), sequence, context_len)
-    dtype = next(drafter.parameters()).dtype
+    features = _features(target, list(drafter_setting(cfg, "target_layer_ids")), sequence, context_len)
     anchor_t = torch.tensor([anchors], device=device)
     masks = build_masks("sdpa", drafter.layer_types, anchor_t, torch.ones_like(anchor_t, dtype=torch.bool),
                         context_len, block, drafter.sliding_window)
-    ids = torch.full((len(anchors), block), int(_cfg(cfg, "mask_token_id")), dtype=torch.long, device=device)
+    ids = torch.full((len(anchors), block), int(drafter_setting(cfg, "mask_token_id")), dtype=torch.long,
+                     device=device)
     ids[:, 0] = torch.tensor([sequence[a] for a in anchors], device=device)
     positions = (anchor_t.view(-1, 1) + torch.arange(block, device=device)).view(1, -1)
-    hidden = drafter(target.embed(ids.view(1, -1)).to(dtype), features.to(dtype), positions,
-                     torch.arange(context_len, device=device)[None], masks=masks)
+    hidden = block_hidden(target, drafter, ids.view(1, -1), features, positions,
+                          torch.arange(context_len, device=device)[None], masks)
     return hidden.view(len(anchors), block, -1)[:, 1:]
 
 
@@ -186,12 +183,16 @@ def all_acceptances(target, drafter, sequence: list[int], anchors: list[int], nu
     """Accepted drafts of the block anchored at each of ``anchors`` (:func:`block_states`,
     then the target's lm_head in chunks of rows: never all logits at once)."""
     states = block_states(target, drafter, sequence, anchors, num_draft)
-    rows = states.reshape(-1, states.shape[-1])
-    weight = target.lm_head_weight
+    choose = block_chooser(drafter)
     with torch.no_grad():
-        drafts = torch.cat([F.linear(chunk.to(weight.dtype), weight).argmax(-1)
-                            for chunk in rows.split(lm_head_rows)]).view(len(anchors), num_draft).tolist()
-    return [_leading_matches(d, sequence[a + 1: a + 1 + num_draft]) for d, a in zip(drafts, anchors)]
+        if choose is choose_independently:  # DFlash: every slot's argmax, the lm_head over many rows at once
+            rows = states.reshape(-1, states.shape[-1])
+            drafts = torch.cat([block_logits(target, chunk).argmax(-1)
+                                for chunk in rows.split(lm_head_rows)]).view(len(anchors), num_draft).tolist()
+        else:  # a drafter with its own chooser (a path over candidates): block by block
+            drafts = [choose(h, block_logits(target, h), torch.tensor([sequence[a]], device=h.device),
+                             GREEDY).tokens.tolist() for h, a in zip(states, anchors)]
+    return [leading_matches(d, sequence[a + 1: a + 1 + num_draft]) for d, a in zip(drafts, anchors)]
 
 
 def replay_one_batched(target, drafter, prompt: torch.Tensor, continuation: list[int], max_new_tokens: int,
@@ -240,14 +241,13 @@ def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[lis
 # ---------------------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True, help="DFlash serving-format folder")
     parser.add_argument("--prompts", required=True, help="as for eval (a file, heldout or selection)")
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts (N >= 1)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--block-size", type=positive_int, default=None, help="default: the drafter's")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--device", default=None)
     parser.add_argument("--references", default=None,
@@ -260,8 +260,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-references", action="store_true",
                         help="make (or check) the --references file and stop")
     parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
-    args = parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"replay: error: {err}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
     from dflash_train.devices import resolve_device
     from dflash_train.eval.loader import load_eval_inputs
 
@@ -270,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     target, drafter, ids = load_eval_inputs(args.target, args.drafter, args.prompts, args.limit, device, dtype)
     prompts = [torch.as_tensor(p) for p in ids]
     block = int(args.block_size or drafter.block_size)
+    if block > drafter.block_size:
+        raise ValueError(f"--block-size {block}: above the drafter's block size {drafter.block_size}")
     length = args.max_new_tokens + block
     engine = args.reference_engine if args.reference_engine != "auto" else (
         "static" if device.startswith("cuda") else "hf")

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dflash_train.eval.compare import load_report, parse_range, steps_tau
+from dflash_train.eval.flags import float_at_least
 
 
 @dataclass
@@ -155,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--point", action="append", required=True, help="[SERIES@]GPU_MINUTES=EVAL_JSON (repeatable)")
     parser.add_argument("--prompts", default=None, help="1-based prompt range, e.g. 1-24 (default: all)")
-    parser.add_argument("--goal", type=float, action="append", default=None,
-                        help="a tau whose cost the fit reports (repeatable; default 3)")
+    parser.add_argument("--goal", type=float_at_least(1.0), action="append", default=None,
+                        help="a tau (>= 1: tau counts the bonus token) whose cost the fit reports (repeatable; default 3)")
     parser.add_argument("--title", default="DFlash drafter: held-out tau vs training compute")
     parser.add_argument("--out", default="tau_vs_compute.png")
     parser.add_argument("--json", default=None)

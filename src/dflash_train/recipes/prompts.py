@@ -317,7 +317,7 @@ def synthesize(generator, prompts: PromptSet, num: int, batch_size: int, tempera
     ``max_seconds`` bounds the generation time: no new batch starts once it is spent (what
     was generated is kept), so a caller with a time limit still gets its prompts written."""
     deadline = time.perf_counter() + max_seconds if max_seconds is not None else None
-    from dflash_train.data.generators import SamplingParams
+    from dflash_train.decoding.generators import SamplingParams
 
     rng = random.Random(seed)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -367,7 +367,7 @@ def make_generator(target: str, backend: str, device: str | None, dtype: str, ba
         from dflash_train.decoding.batched import StaticCacheGenerator
 
         return StaticCacheGenerator(target, dtype=dtype, device=device, max_batch=batch_size)
-    from dflash_train.data.generators import HFGenerator
+    from dflash_train.decoding.generators import HFGenerator
 
     return HFGenerator(target, dtype=dtype, device=device)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_train.decoding import bench_steps
+from dflash_train.bench import decode_steps as bench_steps
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
 STEP_KEYS = {"median_ms", "p10_ms", "p90_ms", "n"}

@@ -1,4 +1,7 @@
-"""Generation backends for ``regenerate``.
+"""Generation backends for ``regenerate`` and prompt generation (whole conversations in, text out).
+
+They live with the decoding engines (the static-cache backend is :mod:`.batched`), below the
+data layer that calls them: ``data`` -> ``decoding``, never back.
 
 ``Generator`` is the seam for faster engines: a backend takes whole conversations
 (prompts ending before an assistant turn) and returns the new assistant text with its

@@ -1,11 +1,11 @@
 """Time the static decoder's three steps (plain, verify, draft) under several variants.
 
-    python -m dflash_train.decoding.bench_steps --target assets/smollm2 --dtype float32 \\
+    python -m dflash_train.bench.decode_steps --target assets/smollm2 --dtype float32 \\
         --device cuda --out steps.json [--drafter FOLDER] [--variants eager,cudagraph,...]
 
 Why: speculative decoding pays only if ``tau > (verify + draft) / plain`` (the break-even
 acceptance length), so each step's cost is what to optimise. Each variant builds its own
-:class:`~.static.StaticDecoder`, decodes one prompt (capture, compile), then replays each
+:class:`~dflash_train.decoding.static.StaticDecoder`, decodes one prompt (capture, compile), then replays each
 step ``--replays`` times on fixed inputs (replays are idempotent: same K/V, same slots)
 and reports the median and p10/p90 in ms (CUDA events on GPU, ``perf_counter`` on CPU).
 It also reports a real decode of ``--new-tokens`` per variant (host overhead included)
@@ -28,7 +28,8 @@ import warnings
 
 import torch
 
-from .static import STEPS, StaticDecoder
+from dflash_train.decoding.static import STEPS, StaticDecoder
+from dflash_train.eval.flags import at_least, positive_float, positive_int
 
 # name -> StaticDecoder options; the default list on CUDA runs them all in this order, the slow
 # autotuning last
@@ -58,21 +59,26 @@ VARIANTS = {
 CPU_VARIANTS = ("eager", "compile")
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's flags (numbers range-checked: one line naming the flag)."""
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafter", default=None, help="an exported drafter folder (default: random, recipe shape)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default=None, help=f"comma list of {list(VARIANTS)}")
-    ap.add_argument("--replays", type=int, default=200)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--drafter-layers", type=int, default=4)
-    ap.add_argument("--time-budget-s", type=float, default=None,
+    ap.add_argument("--replays", type=positive_int, default=200)
+    ap.add_argument("--prompt-len", type=positive_int, default=64)
+    ap.add_argument("--new-tokens", type=positive_int, default=128)
+    ap.add_argument("--block-size", type=at_least(2), default=16)
+    ap.add_argument("--drafter-layers", type=positive_int, default=4)
+    ap.add_argument("--time-budget-s", type=positive_float, default=None,
                     help="start no new variant after this many seconds (the rest report 'skipped')")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -193,15 +199,26 @@ def bench_variant(target, drafter, opts: dict, args, prompt: torch.Tensor) -> di
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    """``python -m dflash_train.bench.decode_steps``: the report (also written to ``--out``)."""
+    return run(parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+    """The benchmark as a sub-command's ``func`` (exit status 0; the report goes to stdout and ``--out``)."""
+    run(args)
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32: the lossless check needs it
     torch.backends.cudnn.allow_tf32 = False
+    names = args.variants.split(",") if args.variants else None
+    unknown = [n for n in names or () if n not in VARIANTS]
+    if unknown:  # before any model loads
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     target, drafter = load_pair(args)
     device = target.device
-    names = args.variants.split(",") if args.variants else (list(VARIANTS) if device.type == "cuda" else CPU_VARIANTS)
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    names = names or (list(VARIANTS) if device.type == "cuda" else CPU_VARIANTS)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.facts.vocab_size - 1, (1, args.prompt_len), generator=gen).to(device)
     report = {"target": args.target, "drafter": args.drafter or f"random, {args.drafter_layers} layers",
@@ -214,7 +231,7 @@ def main(argv=None) -> dict:
         if args.time_budget_s is not None and elapsed > args.time_budget_s:
             report["variants"][name] = {"error": f"skipped: time budget {args.time_budget_s:.0f}s spent"}
             continue
-        print(f"[bench_steps] {name} ... ({elapsed:.0f}s)", flush=True)
+        print(f"[decode_steps] {name} ... ({elapsed:.0f}s)", flush=True)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:

@@ -1,0 +1,396 @@
+"""The decoding core every engine shares: proposals, acceptance, committing, results.
+
+A speculative decode is the same loop in every engine (the Hugging Face reference loop,
+the static CUDA-graph engine, the replay walk):
+
+1. **draft**: a proposer turns the context and the verified anchor (the last committed
+   token) into a :class:`Proposal`: the block's draft tokens and, when sampling, the
+   distribution ``q`` each was drawn from;
+2. **verify**: the target scores ``[anchor, drafts]`` in one forward (each engine runs
+   that forward its own way: an HF cache, a captured CUDA graph, or a stored greedy
+   continuation);
+3. **accept**: greedy keeps the longest prefix of drafts equal to the target's argmax
+   (:func:`leading_matches`, :func:`greedy_accept`) and adds the target's next choice;
+   sampling keeps each draft with probability ``min(1, p/q)`` and resamples from the
+   residual at the first rejection (:func:`speculative_accept`);
+4. **commit**: :class:`SpecLedger` records tau and the per-position counts of the step,
+   cuts the new tokens at a stop token or the token budget, and says when to stop.
+
+What a drafter must provide is :class:`BlockProposer` (``propose_block``). A DFlash
+drafter's proposal is "the block's logits, then argmax (or a sample)"; how a block's
+tokens are chosen from the drafter's output is a separate seam, :class:`BlockChooser`,
+so a drafter whose proposal is a path (DFlash2: a sequential walk over each slot's top-k
+candidates scored by a selector) plugs in by providing its own chooser
+(:func:`block_chooser`), in the reference loop and in the static engine alike.
+
+Also here: the compile settings both static engines use (:func:`compile_step`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+# ---------------------------------------------------------------------------------------
+# sampling
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are picked: ``temperature`` 0 is greedy; > 0 samples from the warped
+    distribution (:func:`warp`, optionally nucleus-filtered by ``top_p``) with ``generator``."""
+
+    temperature: float = 0.0
+    top_p: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return warp(logits, self.temperature, self.top_p)
+
+
+GREEDY = Sampling()
+
+
+def warp(logits: torch.Tensor, temperature: float, top_p: float | None = None) -> torch.Tensor:
+    """Probabilities from logits [..., V] at ``temperature`` (> 0), optionally nucleus-filtered
+    (the smallest set of top tokens whose mass reaches ``top_p``; the top token always stays)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        sorted_p, idx = probs.sort(dim=-1, descending=True)
+        keep = sorted_p.cumsum(-1) - sorted_p < top_p  # always keeps the top token
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``probs`` [n, V] -> [n] (on ``generator``'s device, returned on ``probs``')."""
+    if generator is not None and generator.device != probs.device:
+        probs = probs.to(generator.device)
+    return torch.multinomial(probs, 1, generator=generator).view(-1).to(probs.device)
+
+
+def sample_without_sync(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` [n, V] by an exponential race (``argmax p / E``, E ~ Exp(1)):
+    distributed as multinomial sampling, but no host sync (for batched on-device decoding)."""
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+def _uniform(n: int, device, generator: torch.Generator | None) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else device
+    return torch.rand(n, generator=generator, device=gen_device).to(device)
+
+
+def next_token(logits: torch.Tensor, sampling: Sampling) -> int:
+    """The target's next token from its logits [V]: argmax, or a sample of the warped distribution."""
+    if sampling.greedy:
+        return int(logits.argmax(-1))
+    return int(sample(sampling.probs(logits).unsqueeze(0), sampling.generator)[0])
+
+
+# ---------------------------------------------------------------------------------------
+# proposals (the drafter's side)
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Proposal:
+    """A drafted block after the anchor: ``tokens`` [n] (long); ``q`` [n, V]: the distribution
+    each token was drawn from when sampling (the ``q`` of the rejection rule; a drafter that
+    samples among top-k candidates gives a ``q`` that is zero outside them), None when greedy."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+    @property
+    def num_draft(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class BlockChooser(Protocol):
+    """Chooses a block's tokens from the drafter's output for the block's draft slots:
+    ``hidden`` [n, H] (the drafter's final states), ``logits`` [n, V] (float, through the
+    target's lm_head), ``anchor`` [1] (the verified token before slot 1). Greedy choosers must
+    be pure tensor code without host syncs: the static engine calls them inside a CUDA graph."""
+
+    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+                 sampling: Sampling) -> Proposal: ...
+
+
+def choose_independently(hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
+                         sampling: Sampling) -> Proposal:
+    """DFlash's chooser: every slot on its own, the argmax of its logits (greedy) or a sample
+    of their warped distribution (sampling)."""
+    return proposal_from_logits(logits, sampling)
+
+
+def proposal_from_logits(logits: torch.Tensor, sampling: Sampling) -> Proposal:
+    if sampling.greedy:
+        return Proposal(logits.argmax(-1))
+    q = sampling.probs(logits)
+    return Proposal(sample(q, sampling.generator), q)
+
+
+def block_chooser(drafter) -> BlockChooser:
+    """The drafter's own chooser (a ``block_chooser`` attribute: a callable with the
+    :class:`BlockChooser` signature) or DFlash's :func:`choose_independently`."""
+    return getattr(drafter, "block_chooser", None) or choose_independently
+
+
+@runtime_checkable
+class BlockProposer(Protocol):
+    """What the speculative loops need from a drafter.
+
+    ``feature_layer_ids``: target layers whose outputs it consumes (may be empty);
+    ``block_size``: its native block size; ``reset()`` starts a new sequence.
+    ``propose_block(tokens, new_features, num_draft, sampling)`` gets every committed token
+    so far (the last one, the anchor, sits at position ``p = len(tokens) - 1`` and has not
+    been seen by the target), the target features of the positions added since the previous
+    call (``[1, m, n*h]``, positions ``p-m .. p-1``; None when ``feature_layer_ids`` is empty)
+    and returns the :class:`Proposal` for positions ``p+1 .. p+num_draft``.
+    """
+
+    feature_layer_ids: list[int]
+    block_size: int
+
+    def reset(self) -> None: ...
+
+    def propose_block(self, tokens: list[int], new_features: torch.Tensor | None, num_draft: int,
+                      sampling: Sampling) -> Proposal: ...
+
+
+@runtime_checkable
+class LogitsProposer(Protocol):
+    """A simpler drafter (test oracles, :class:`~.proposers.DFlashProposer`): ``propose`` returns
+    draft logits ``[num_draft, V]``; :class:`FromLogits` makes it a :class:`BlockProposer`."""
+
+    feature_layer_ids: list[int]
+    block_size: int
+
+    def reset(self) -> None: ...
+
+    def propose(self, tokens: list[int], new_features: torch.Tensor | None, num_draft: int) -> torch.Tensor: ...
+
+
+class FromLogits:
+    """A :class:`LogitsProposer` as a :class:`BlockProposer`: drafts are the argmax of its
+    logits, or samples of their warped distribution."""
+
+    def __init__(self, inner: LogitsProposer) -> None:
+        self.inner = inner
+        self.feature_layer_ids = list(inner.feature_layer_ids)
+        self.block_size = int(inner.block_size)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def propose_block(self, tokens, new_features, num_draft, sampling: Sampling) -> Proposal:
+        return proposal_from_logits(self.inner.propose(tokens, new_features, num_draft), sampling)
+
+
+# ---------------------------------------------------------------------------------------
+# acceptance
+# ---------------------------------------------------------------------------------------
+def leading_matches(drafts: list[int], choices: list[int]) -> int:
+    """How many leading drafts equal the target's choices (greedy acceptance on host lists)."""
+    return next((k for k, (d, c) in enumerate(zip(drafts, choices)) if d != c), min(len(drafts), len(choices)))
+
+
+def greedy_accept(target_logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, int]:
+    """``target_logits`` [n+1, V]: accept ``d_i`` while it equals the target's argmax at
+    the previous position; the next token is the target's argmax after the last accepted."""
+    choice = target_logits.argmax(-1)
+    n = drafts.shape[0]
+    accepted = int((drafts == choice[:n]).long().cumprod(0).sum()) if n else 0
+    return accepted, int(choice[accepted])
+
+
+def speculative_accept(
+    p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[int, int]:
+    """Speculative sampling over one block.
+
+    ``p`` [n+1, V]: target probabilities at the n draft positions and the one after;
+    ``q`` [n, V]: the drafter's probabilities the drafts were sampled from;
+    ``drafts`` [n]. Draft ``i`` is accepted with probability ``min(1, p_i(d)/q_i(d))``;
+    at the first rejection the next token is sampled from ``norm(max(p_i - q_i, 0))``;
+    if all are accepted it is sampled from ``p_n``. Returns (accepted, next_token).
+    The committed tokens are then distributed exactly as the target's ``p``.
+    """
+    n = drafts.shape[0]
+    if n:
+        rows = torch.arange(n, device=p.device)
+        p_d, q_d = p[rows, drafts], q[rows, drafts]
+        ok = _uniform(n, p.device, generator) * q_d < p_d  # P(ok) = min(1, p/q)
+        accepted = int(ok.long().cumprod(0).sum())
+    else:
+        accepted = 0
+    if accepted < n:
+        residual = (p[accepted] - q[accepted]).clamp_min(0)
+        total = residual.sum()
+        dist = residual / total if total > 0 else p[accepted]
+    else:
+        dist = p[n]
+    return accepted, int(sample(dist.unsqueeze(0), generator)[0])
+
+
+def accept(proposal: Proposal, target_logits: torch.Tensor, sampling: Sampling) -> tuple[int, int]:
+    """(accepted drafts, next token) of one verify step: ``target_logits`` [n+1, V] are the
+    target's logits at the anchor and at every draft."""
+    if sampling.greedy:
+        return greedy_accept(target_logits, proposal.tokens)
+    if proposal.q is None and proposal.num_draft:
+        raise ValueError("sampling needs the proposal's q (the distribution its drafts were drawn from)")
+    return speculative_accept(sampling.probs(target_logits), proposal.q, proposal.tokens, sampling.generator)
+
+
+# ---------------------------------------------------------------------------------------
+# results and committing
+# ---------------------------------------------------------------------------------------
+@dataclass
+class SpecResult:
+    """One prompt's speculative decode.
+
+    ``tokens``: new tokens (prompt excluded). ``acceptance_lengths``: tau of every verify
+    step (accepted drafts + 1, as verified, before any stop/limit truncation).
+    ``position_reached[k-1]`` / ``position_accepted[k-1]``: how many verify steps
+    reached / accepted draft position k (k = 1 .. B-1); P(k accepted | reached) is
+    their ratio. Times in seconds; decode excludes the prefill (the first token).
+    """
+
+    tokens: list[int]
+    acceptance_lengths: list[int]
+    position_reached: list[int]
+    position_accepted: list[int]
+    block_size: int
+    prefill_time: float = 0.0
+    decode_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+
+    @classmethod
+    def empty(cls, block_size: int) -> SpecResult:
+        return cls([], [], [0] * (block_size - 1), [0] * (block_size - 1), block_size)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.acceptance_lengths)
+
+    @property
+    def mean_tau(self) -> float:
+        return sum(self.acceptance_lengths) / max(1, len(self.acceptance_lengths))
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return max(0, len(self.tokens) - 1) / self.decode_time if self.decode_time > 0 else 0.0
+
+
+@dataclass
+class GenResult:
+    """Plain target decode. ``topk_values``/``topk_ids`` [steps, k] (when recorded): the
+    target's top-k logits at every generated token (row i produced ``tokens[i]``)."""
+
+    tokens: list[int]
+    prefill_time: float = 0.0
+    decode_time: float = 0.0
+    topk_values: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return max(0, len(self.tokens) - 1) / self.decode_time if self.decode_time > 0 else 0.0
+
+
+def record_step(result: SpecResult, accepted: int, num_draft: int) -> None:
+    """Per verify step: tau, and which draft positions were reached / accepted."""
+    result.acceptance_lengths.append(accepted + 1)
+    for k in range(min(accepted + 1, num_draft)):
+        result.position_reached[k] += 1
+    for k in range(accepted):
+        result.position_accepted[k] += 1
+
+
+def truncate(new: list[int], budget: int, stop: set[int]) -> tuple[list[int], bool]:
+    """Cut ``new`` after the first stop token or at ``budget`` tokens; (kept, finished)."""
+    for i, tok in enumerate(new[:budget]):
+        if tok in stop:
+            return new[: i + 1], True
+    kept = new[:budget]
+    return kept, len(kept) >= budget
+
+
+class SpecLedger:
+    """The committed side of one speculative decode: the first (prefill) token, then one
+    :meth:`commit` per verify step, which records the step in :attr:`result` and says
+    (:attr:`finished`) when a stop token or the ``max_new_tokens`` budget ends the decode."""
+
+    def __init__(self, max_new_tokens: int, block_size: int, stop_token_ids=()) -> None:
+        self.max_new_tokens, self.num_draft = int(max_new_tokens), int(block_size) - 1
+        self.stop = {int(t) for t in stop_token_ids}
+        self.result = SpecResult.empty(block_size)
+        self.generated: list[int] = []
+        self.finished = self.max_new_tokens <= 0
+
+    def start(self, first: int) -> None:
+        """The prefill's token."""
+        self.generated = [int(first)]
+        self.finished = first in self.stop or self.max_new_tokens <= 1
+
+    def commit(self, drafts: list[int], accepted: int, next_token: int) -> list[int]:
+        """Record a verify step that accepted ``drafts[:accepted]`` and chose ``next_token``;
+        return the tokens it commits (cut at a stop token or the budget)."""
+        record_step(self.result, accepted, self.num_draft)
+        new, self.finished = truncate(list(drafts[:accepted]) + [int(next_token)],
+                                      self.max_new_tokens - len(self.generated), self.stop)
+        self.generated += new
+        return new
+
+    @property
+    def last(self) -> int:
+        return self.generated[-1]
+
+    def done(self) -> SpecResult:
+        self.result.tokens = self.generated
+        return self.result
+
+
+class TopK:
+    """The top-k logits of every plain-decode step (``k`` 0: nothing kept), for the lossless
+    check's near-tie diagnosis."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.values, self.ids = int(k), [], []
+
+    def add(self, logits: torch.Tensor) -> None:
+        if self.k:
+            v, i = logits.topk(self.k)  # topk allocates: a later graph replay does not overwrite these
+            self.values.append(v)
+            self.ids.append(i)
+
+    def store(self, result: GenResult) -> GenResult:
+        if self.k and self.values:
+            result.topk_values = torch.stack(self.values).cpu()
+            result.topk_ids = torch.stack(self.ids).cpu()
+        return result
+
+
+# ---------------------------------------------------------------------------------------
+# compile settings (both static engines)
+# ---------------------------------------------------------------------------------------
+def compile_step(fn, mode: str | None = None, recompile_limit: int = 16):
+    """``torch.compile(fn)`` with static shapes, as the static engines compile their steps:
+    dynamo's recompile limit raised to at least ``recompile_limit`` (an engine compiles one
+    function per step and shape; the default limit of 8 can stop compiling mid-run), and
+    ``mode`` an inductor mode ("default" or None: the default)."""
+    import torch._dynamo as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(getattr(dynamo.config, name), recompile_limit))
+    return torch.compile(fn, dynamic=False, mode=None if mode in (None, "default") else mode)
