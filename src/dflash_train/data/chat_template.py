@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KEY = "data.chat_template"
-
 
 def looks_like_template(value: str) -> bool:
     """Jinja text rather than a file name: it has a tag or an expression."""
@@ -26,19 +24,19 @@ def read_chat_template(value: str | None) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{KEY}: expected a Jinja template string or the path of a .jinja file, got {value!r}")
+        raise ValueError(f"data.chat_template: expected a Jinja template string or the path of a .jinja file, got {value!r}")
     if looks_like_template(value):
         return value
     path = Path(value).expanduser()
     if not path.is_file():
-        raise ValueError(f"{KEY}: {value!r} is neither a Jinja template (no {{% %}} or {{{{ }}}} in it) nor an "
+        raise ValueError(f"data.chat_template: {value!r} is neither a Jinja template (no {{% %}} or {{{{ }}}} in it) nor an "
                          "existing file; give the template text or the path of a .jinja file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{KEY}: cannot read {path}: {err}") from None
+        raise ValueError(f"data.chat_template: cannot read {path}: {err}") from None
     if not looks_like_template(text):
-        raise ValueError(f"{KEY}: {path} holds no Jinja template (no {{% %}} or {{{{ }}}} in it)")
+        raise ValueError(f"data.chat_template: {path} holds no Jinja template (no {{% %}} or {{{{ }}}} in it)")
     return text
 
 
@@ -55,5 +53,5 @@ def missing_template_message(tokenizer) -> str:
     """What to do when chat records meet a tokenizer without a template (names existing keys only)."""
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     return (f"tokenizer {name!r} has no chat template, so chat records cannot be split into turns: set "
-            f"{KEY} (a Jinja template string or a .jinja file), use a chat/instruct model's tokenizer, "
+            f"data.chat_template (a Jinja template string or a .jinja file), use a chat/instruct model's tokenizer, "
             'or train on plain text records ({"text": ...}: loss on every token)')

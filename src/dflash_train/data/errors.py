@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-
 # reason -> why a record was dropped, in plain words, and the setting that decides it (if any)
 WHY = {
     "too_few_supervised": "fewer answer tokens (after the cut at data.max_length) than data.min_supervised_tokens "
@@ -33,6 +32,7 @@ WHY = {
     "unknown_role": "a turn's role is none of system, user, assistant, tool",
     "no_assistant_turn": "the conversation has no assistant turn: nothing to learn",
     "empty_conversation": "the conversation has no turns",
+    "empty_prompt": "nothing before the last assistant turn to prompt the model with",
     "not_an_object": "the record is not a JSON object",
 }
 
