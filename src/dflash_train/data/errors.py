@@ -123,7 +123,7 @@ class SkipReport:
         if t is not None and t["records"]:
             lines.append(f"  truncated: {t['records']} kept examples were longer than data.max_length and cut to it, "
                          f"losing {t['tokens']} supervised tokens ({t['tokens'] / max(t['supervised'], 1):.1%} of "
-                         "their data's supervised tokens); raise data.max_length to keep them")
+                         "the kept examples' supervised tokens); raise data.max_length to keep them")
         if self.trimmed is not None:
             t = self.trimmed
             lines.append(f"  trimmed {t['tails']} looping tails, {t['tokens']} tokens "
