@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from dflash_train.data.builders.offline_data import heldout_prompts_path
 from dflash_train.data.prompt_sets import prompt_set_path, resolve_prompts
 from dflash_train.eval.prompts import read_prompts
-from dflash_train.recipes.offline_data import heldout_prompts_path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dflash_train"
 
@@ -26,7 +26,7 @@ def test_heldout_is_the_file_the_recipes_ship():
 def test_selection_set_is_disjoint_from_heldout_and_never_synthesized():
     """The ablation-selection prompts: packaged, 96 of them, none equal to or containing a
     held-out prompt (or the reverse), and refused by the prompt synthesizer like held-out ones."""
-    from dflash_train.recipes.prompts import PromptSet, load_heldout, normalize
+    from dflash_train.data.builders.prompts import PromptSet, load_heldout, normalize
 
     selection = [p[-1]["content"] for p in read_prompts(resolve_prompts("selection"))]
     heldout = [p[-1]["content"] for p in read_prompts(resolve_prompts("heldout"))]

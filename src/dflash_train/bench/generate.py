@@ -2,7 +2,7 @@
 
     python -m dflash_train.bench.generate --target assets/smollm2 --n 1024 --max-new 256
 
-The prompts are the packaged seed prompts (``recipes.prompts.seed_prompts``); each static
+The prompts are the packaged seed prompts (``data.builders.prompts.seed_prompts``); each static
 mode (``--modes``) generates after a warm-up that captures its graphs, then HF ``generate``
 decodes the first ``--check`` prompts for the agreement count.
 """
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dflash_train.recipes.prompts import PromptSet, seed_prompts
+    from dflash_train.data.builders.prompts import PromptSet, seed_prompts
 
     modes = _modes(args.modes)
     ps = PromptSet()

@@ -1,4 +1,4 @@
-"""Data layer: read chat data, tokenize with exact assistant loss masks, cache, and batch.
+"""Data layer: read chat data (or plain text), tokenize with exact loss masks, cache, and batch.
 
 The trainer needs only ``DataConfig``, ``load_tokenized`` and the batching classes::
 
@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING
 
 from .batching import BatchIterator, BatchPlan, MicroBatch
 from .cache import cache_key, cached_build, default_cache_dir
+from .chat_template import read_chat_template, use_chat_template
 from .errors import DataError, SkipReport
 from .readers import read_records, resolve_files
-from .tokenize import TokenizeOptions, check_chat_template, default_num_workers, tokenize_records
+from .tokenize import TokenizeOptions, default_num_workers, tokenize_records
 
 if TYPE_CHECKING:
     import datasets
 
 __all__ = ["BatchIterator", "BatchPlan", "DataConfig", "DataError", "MicroBatch", "SkipReport",
-           "batch_plan", "load_tokenized", "tokenize_options"]
+           "batch_plan", "load_tokenized", "tokenize_options", "use_chat_template"]
 
 
 @dataclass
@@ -59,6 +60,10 @@ class DataConfig:
     # Steps a background thread collates and prepares (anchors, feature-cache indices) ahead of
     # the trainer (data/prefetch.py); 0: on the training thread. Training is the same either way.
     prefetch_steps: int = 2
+    # The chat template conversations are formatted with: a Jinja template string or the path of
+    # a .jinja file (data/chat_template.py). Null: the tokenizer's own. Needed for chat records
+    # with a base model's tokenizer, which has none; plain-text records ({"text": ...}) need none.
+    chat_template: str | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -88,6 +93,7 @@ class DataConfig:
         ps = self.prefetch_steps
         if not isinstance(ps, int) or isinstance(ps, bool) or ps < 0:
             raise ValueError(f"data.prefetch_steps: expected a non-negative integer, got {ps!r}")
+        read_chat_template(self.chat_template)  # a missing file or a non-template: one line now
         padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
         if self.token_budget < padded:
             raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "
@@ -104,9 +110,10 @@ def tokenize_options(cfg: DataConfig, block_size: int) -> TokenizeOptions:
 
 
 def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[datasets.Dataset, SkipReport]:
-    """Tokenized dataset (cached on disk) and the report of what was read, kept and skipped."""
+    """Tokenized dataset (cached on disk) and the report of what was read, kept and skipped.
+    ``data.chat_template``, when set, is installed on ``tokenizer`` first (for every later use)."""
     cfg.validate()
-    check_chat_template(tokenizer)
+    use_chat_template(tokenizer, cfg.chat_template)
     opts = tokenize_options(cfg, block_size)
     files = resolve_files(cfg.paths)
     key = cache_key(files, tokenizer, {**opts.key(), "strict": cfg.strict})

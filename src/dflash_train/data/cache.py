@@ -23,7 +23,7 @@ from .errors import SkipReport
 if TYPE_CHECKING:  # imported where used: paths that never read data (bench, eval) need no `datasets`
     import datasets
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: plain-text records; reports count truncation
 DATA_FILE = "data.arrow"
 REPORT_FILE = "report.json"
 

@@ -53,6 +53,8 @@ def register(subparsers) -> None:
     insp.add_argument("--max-lookup-tau", type=float, default=None,
                       help="skip answers that prompt lookup drafts at more than this many tokens per step "
                            "(data.max_lookup_tau)")
+    insp.add_argument("--chat-template", default=None,
+                      help="a Jinja template string or a .jinja file to format chats with (data.chat_template)")
     insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None)
     insp.set_defaults(func=cmd_inspect)
 
@@ -125,7 +127,8 @@ def cmd_inspect(args) -> int:
     cfg = DataConfig(paths=args.data, max_length=args.max_length, supervise=args.supervise,
                      keep_reasoning=not args.no_reasoning, min_supervised_tokens=args.min_supervised_tokens,
                      strict=args.strict, cache_dir=args.cache_dir, token_budget=max(8192, args.max_length),
-                     trim_loops=args.trim_loops, max_lookup_tau=args.max_lookup_tau)
+                     trim_loops=args.trim_loops, max_lookup_tau=args.max_lookup_tau,
+                     chat_template=args.chat_template)
     dataset, report = load_tokenized(cfg, tokenizer, args.block_size)
     color = sys.stdout.isatty() if args.color is None else args.color
     print(inspect_dataset(dataset, report, tokenizer, args.index, color))

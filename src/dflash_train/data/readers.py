@@ -1,8 +1,10 @@
 """Read chat data from JSONL / JSON / Parquet files, folders of them, or ``save_to_disk`` folders.
 
 Every format is normalised to ``Record(id, location, messages)`` where ``messages`` is a
-list of ``{"role", "content"}`` dicts (assistant messages may carry ``reasoning_content``);
-the record schemas themselves are parsed in :mod:`.records`.
+list of ``{"role", "content"}`` dicts (assistant messages may carry ``reasoning_content``),
+or, for plain-text records (a ``text`` field), ``Record(id, location, [], text)``; the
+record schemas themselves are parsed in :mod:`.records`. One file holds one kind: the
+first record decides, and a record of the other kind is a counted ``mixed_kinds`` skip.
 JSONL is read line by line in binary so that malformed JSON and non-UTF-8 bytes are
 reported with ``file:line``; JSON arrays, Parquet rows and Arrow rows are reported as
 ``file:N`` with N the 1-based record number.
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DataError, SkipReport, handle
-from .records import normalize
+from .records import normalize, plain_text, record_kind
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -26,6 +28,7 @@ class Record:
     id: str
     location: str
     messages: list[dict]
+    text: str | None = None  # a plain-text record: no messages, loss on every token
 
 
 def resolve_files(paths: list[str]) -> list[Path]:
@@ -67,14 +70,22 @@ def _is_saved_dataset(d: Path) -> bool:
 def read_records(paths: list[str], report: SkipReport, strict: bool = False) -> Iterator[Record]:
     """Yield normalised records; every bad record is counted in ``report`` (or raises if strict)."""
     for path in resolve_files(paths):
+        file_kind = None
         for location, raw in _raw_rows(path, report, strict):
             report.read += 1
+            kind = record_kind(raw)
             try:
-                messages = normalize(raw, location)
+                if file_kind is not None and kind != file_kind:
+                    raise DataError(location, "text" if kind == "text" else "messages", "mixed_kinds",
+                                    f"{path} began with {file_kind} records and this one is {kind}: "
+                                    "put plain text and chats in separate files")
+                text = plain_text(raw, location) if kind == "text" else None
+                messages = [] if kind == "text" else normalize(raw, location)
             except DataError as err:
                 handle(err, report, strict)
                 continue
-            yield Record(_record_id(raw, path, location), location, messages)
+            file_kind = kind
+            yield Record(_record_id(raw, path, location), location, messages, text)
 
 
 def _record_id(raw: dict, path: Path, location: str) -> str:

@@ -2,8 +2,10 @@
 
 A record is an OpenAI ``messages`` list (role/content, content parts, reasoning and tool
 calls), a ShareGPT ``conversations`` list (from/value) or a ``prompt``/``response`` pair
-with an optional ``system``. Training data (:func:`normalize`, via :mod:`.readers`) needs
-whole conversations; evaluation (:func:`prompt_messages`) needs the prompt part only.
+with an optional ``system``; training data may also be plain text, a record with a ``text``
+field (:func:`record_kind`, :func:`plain_text`: loss on every token). Training data
+(:func:`normalize`, via :mod:`.readers`) needs whole conversations; evaluation
+(:func:`prompt_messages`) needs the prompt part only.
 Every error is a :class:`DataError` naming the record's location and field. No
 ``datasets`` import here: ``eval`` uses this module on machines without it.
 """
@@ -32,12 +34,31 @@ def _chat(raw: object, location: str) -> list[dict] | None:
     return None
 
 
+CHAT_FIELDS = ("messages", "conversations", "prompt", "response")
+
+
+def record_kind(raw: object) -> str:
+    """``"text"`` for a plain-text record (a ``text`` field and no chat field), else ``"chat"``
+    (whose parser then names whatever is wrong with it)."""
+    if isinstance(raw, dict) and "text" in raw and not any(raw.get(f) is not None for f in CHAT_FIELDS):
+        return "text"
+    return "chat"
+
+
+def plain_text(raw: dict, location: str) -> str:
+    """The text of a plain-text record, or ``DataError`` naming the field."""
+    text = _text(raw.get("text"), location, "text")
+    if not text.strip():
+        raise DataError(location, "text", "empty_text")
+    return text
+
+
 def normalize(raw: object, location: str) -> list[dict]:
     """Turn one raw record into checked ``{"role", "content"}`` messages or raise ``DataError``."""
     messages = _chat(raw, location)
     if messages is None:
         if "prompt" not in raw and "response" not in raw:
-            raise DataError(location, "messages", "missing_field", "need messages, conversations or prompt/response")
+            raise DataError(location, "messages", "missing_field", "need messages, conversations, prompt/response or text")
         messages = _prompt_response(raw, location)
     if not messages:
         raise DataError(location, "messages", "empty_conversation")

@@ -10,6 +10,11 @@ special end-of-turn token that closes it; template scaffolding such as
 never supervised. Each span is decoded back and compared with the message text; a
 mismatch is a counted skip, never a silently wrong mask.
 
+Plain-text records (a ``text`` field) need no template: the text is tokenized as the
+tokenizer encodes a document (its BOS, if any), closed by EOS, and every token after the
+first is supervised. Both kinds are then cut at ``max_length`` (counted: the caller reports
+how many examples and supervised tokens the cut removed) and filtered alike.
+
 Rendering the template several times per conversation makes tokenization CPU-bound
 (66 s for 32K conversations on one core), so ``tokenize_records`` can spread chunks
 of records over worker processes; results come back in input order and skips are
@@ -25,6 +30,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from .chat_template import missing_template_message
 from .errors import DataError, SkipReport, handle
 from .lookup import lookup_tau
 from .loops import trim_looping_tails
@@ -53,11 +59,9 @@ class TokenizeOptions:
 
 
 def check_chat_template(tokenizer) -> None:
-    """A tokenizer without a chat template cannot define turns: always a clear error."""
+    """A tokenizer without a chat template cannot define turns: a clear error (chat records only)."""
     if not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-        raise ValueError(f"tokenizer {name!r} has no chat template; set tokenizer.chat_template "
-                         "or use a chat/instruct model's tokenizer")
+        raise ValueError(missing_template_message(tokenizer))
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("a fast tokenizer (tokenizer.json) is needed for character offsets")
 
@@ -137,13 +141,53 @@ def _turn_start(tokenizer, messages: list[dict], i: int, text: str, cursor: int)
 def tokenize_messages(tokenizer, messages: list[dict], opts: TokenizeOptions, location: str,
                       specials: set[int] | None = None) -> tuple[list[int], list[int]]:
     """Return ``(input_ids, loss_mask)`` of one conversation, or raise ``DataError``."""
-    ids, mask, _ = tokenize_conversation(tokenizer, messages, opts, location, specials)
+    ids, mask, *_ = tokenize_conversation(tokenizer, messages, opts, location, specials)
     return ids, mask
 
 
+@dataclass
+class Cut:
+    """What happened to one kept example on its way to a row."""
+
+    trimmed: tuple[int, int] = (0, 0)  # looping tails trimmed, supervised tokens they held
+    truncated: bool = False  # longer than max_length, cut to it
+    truncated_supervised: int = 0  # supervised tokens that cut removed
+
+
+def tokenize_text(tokenizer, text: str, opts: TokenizeOptions, location: str,
+                  specials: set[int] | None = None) -> tuple[list[int], list[int], Cut]:
+    """``(input_ids, loss_mask, cut)`` of one plain-text record: the document as the tokenizer
+    encodes it (with its BOS, if any), then EOS, every token after the first supervised."""
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+        ids.append(tokenizer.eos_token_id)  # packed documents end where the model would stop
+    mask = [0] + [1] * (len(ids) - 1)
+    specials = special_ids(tokenizer) if specials is None else specials
+    return _finish(ids, mask, [list(range(1, len(ids)))], specials, opts, location, "text")
+
+
+def _finish(ids: list[int], mask: list[int], segments: list[list[int]], specials: set[int],
+            opts: TokenizeOptions, location: str, field: str) -> tuple[list[int], list[int], Cut]:
+    """Cut at max_length (counted), trim looping tails, then the filters that skip a record."""
+    cut = Cut(truncated=len(ids) > opts.max_length, truncated_supervised=sum(mask[opts.max_length:]))
+    ids, mask = ids[: opts.max_length], mask[: opts.max_length]
+    if opts.trim_loops:
+        ids, mask, *trimmed = trim_looping_tails(ids, mask, segments, specials)
+        cut.trimmed = tuple(trimmed)
+    n = sum(mask)
+    if n < opts.min_supervised_tokens:
+        raise DataError(location, field, "too_few_supervised",
+                        f"{n} supervised tokens < min_supervised_tokens={opts.min_supervised_tokens}")
+    if opts.max_lookup_tau is not None and (copied := lookup_tau(ids, mask)) > opts.max_lookup_tau:
+        raise DataError(location, field, "mostly_copied",
+                        f"prompt lookup drafts {copied:.2f} tokens per step of the answer > "
+                        f"max_lookup_tau={opts.max_lookup_tau:g}")
+    return ids, mask, cut
+
+
 def tokenize_conversation(tokenizer, messages: list[dict], opts: TokenizeOptions, location: str,
-                          specials: set[int] | None = None) -> tuple[list[int], list[int], tuple[int, int]]:
-    """``(input_ids, loss_mask, (looping tails trimmed, supervised tokens they held))``."""
+                          specials: set[int] | None = None) -> tuple[list[int], list[int], Cut]:
+    """``(input_ids, loss_mask, cut)`` of one conversation, or raise ``DataError``."""
     messages = prepare_messages(messages, opts.keep_reasoning, tokenizer.chat_template)
     try:
         text = render(tokenizer, messages)
@@ -158,19 +202,7 @@ def tokenize_conversation(tokenizer, messages: list[dict], opts: TokenizeOptions
         picked = _mark_span(ids, offsets, span, specials, tokenizer, mask)
         _verify(tokenizer, [ids[t] for t in picked], messages[span.message], span, specials, location)
         segments.append(picked)
-    ids, mask = ids[: opts.max_length], mask[: opts.max_length]
-    trimmed = (0, 0)
-    if opts.trim_loops:
-        ids, mask, *trimmed = trim_looping_tails(ids, mask, segments, specials)
-    n = sum(mask)
-    if n < opts.min_supervised_tokens:
-        raise DataError(location, "messages", "too_few_supervised",
-                        f"{n} supervised tokens < min_supervised_tokens={opts.min_supervised_tokens}")
-    if opts.max_lookup_tau is not None and (copied := lookup_tau(ids, mask)) > opts.max_lookup_tau:
-        raise DataError(location, "messages", "mostly_copied",
-                        f"prompt lookup drafts {copied:.2f} tokens per step of the answer > "
-                        f"max_lookup_tau={opts.max_lookup_tau:g}")
-    return ids, mask, tuple(trimmed)
+    return _finish(ids, mask, segments, specials, opts, location, "messages")
 
 
 def _mark_span(ids, offsets, span: Span, specials: set[int], tokenizer, mask: list[int]) -> list[int]:
@@ -214,7 +246,6 @@ def tokenize_records(records: Iterable[Record], tokenizer, opts: TokenizeOptions
                      strict: bool = False, num_workers: int = 1) -> Iterator[dict]:
     """Yield dataset rows in input order; records that fail are counted in ``report`` (or
     raise if strict). ``num_workers > 1`` tokenizes in that many processes."""
-    check_chat_template(tokenizer)
     results = _serial if num_workers <= 1 else _parallel
     for result in results(records, tokenizer, opts, num_workers):
         if isinstance(result, tuple):  # a failed record: (location, field, reason, message)
@@ -223,20 +254,25 @@ def tokenize_records(records: Iterable[Record], tokenizer, opts: TokenizeOptions
             handle(err, report, strict)
             continue
         report.kept += 1
-        tails, removed = result.pop("trimmed")
+        cut = result.pop("cut")
         if opts.trim_loops:
-            report.count_trimmed(tails, removed, result["num_supervised"])
+            report.count_trimmed(*cut.trimmed, result["num_supervised"])
+        report.count_kept(cut.truncated, cut.truncated_supervised, result["num_supervised"])
         yield result
 
 
 def _tokenize_one(tokenizer, rec: Record, opts: TokenizeOptions, specials: set[int]) -> dict | tuple:
-    """A dataset row, or the record's failure as a picklable tuple."""
+    """A dataset row, or the record's failure as a picklable tuple. Chat records and a tokenizer
+    without a chat template: a ``ValueError`` for the whole run (no record could be used)."""
     try:
-        ids, mask, trimmed = tokenize_conversation(tokenizer, rec.messages, opts, rec.location, specials)
+        if rec.text is not None:
+            ids, mask, cut = tokenize_text(tokenizer, rec.text, opts, rec.location, specials)
+        else:
+            check_chat_template(tokenizer)
+            ids, mask, cut = tokenize_conversation(tokenizer, rec.messages, opts, rec.location, specials)
     except DataError as err:
         return err.location, err.field, err.reason, str(err)
-    return {"input_ids": ids, "loss_mask": mask, "length": len(ids), "num_supervised": sum(mask),
-            "trimmed": trimmed}
+    return {"input_ids": ids, "loss_mask": mask, "length": len(ids), "num_supervised": sum(mask), "cut": cut}
 
 
 def _serial(records: Iterable[Record], tokenizer, opts: TokenizeOptions, _workers: int = 1):

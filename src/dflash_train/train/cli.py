@@ -48,7 +48,7 @@ def run_train(args) -> int:
 
 
 def run_demo(args) -> int:
-    from dflash_train.recipes.offline_data import all_records, write_jsonl
+    from dflash_train.data.builders.offline_data import all_records, write_jsonl
     from dflash_train.train.loop import train
 
     cfg = load_config("cpu-demo", list(args.overrides))

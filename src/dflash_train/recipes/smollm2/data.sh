@@ -24,7 +24,7 @@ DEVICE=${DEVICE:-cuda}
 #   EXCLUDE="runs/smollm2/data/greedy-0.jsonl" bash src/dflash_train/recipes/smollm2/data.sh
 SEED=${SEED:-0}
 SEED_PROMPTS=${SEED_PROMPTS:-1}
-# NUM_COMPOSED=N: N prompts composed from request templates (recipes/composed_prompts.py: explain, advise,
+# NUM_COMPOSED=N: N prompts composed from request templates (data/builders/composed_prompts.py: explain, advise,
 # compare, create, rewrite, code, calculate, plan ...) beside the target-written ones; NUM_SYNTH=0 for those alone
 NUM_COMPOSED=${NUM_COMPOSED:-0}
 EXCLUDE=${EXCLUDE:-}
@@ -36,13 +36,13 @@ stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
 
 if [ "$SEED_PROMPTS" = 1 ]; then
-  [ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.recipes.prompts --out "$OUT/seeds.jsonl" --seed "$SEED" \
+  [ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.data.builders.prompts --out "$OUT/seeds.jsonl" --seed "$SEED" \
     ${EXCLUDE:+--exclude $EXCLUDE}
 else
   : > "$OUT/seeds.jsonl"
 fi
 if [ ! -s "$OUT/synth.jsonl" ]; then
-  $PY -m dflash_train.recipes.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
+  $PY -m dflash_train.data.builders.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
     ${EXCLUDE:+--exclude $EXCLUDE} --num-synthetic "$NUM_SYNTH" --num-composed "$NUM_COMPOSED" \
     --batch-size "$GEN_BATCH" --backend static \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"

@@ -18,7 +18,7 @@ contains or paraphrases one of them (``is_near``) is dropped.
 Output records have a user turn and an empty assistant turn for ``dflash-train regenerate``
 to fill in::
 
-    python -m dflash_train.recipes.prompts --target assets/smollm2 --out prompts.jsonl \\
+    python -m dflash_train.data.builders.prompts --target assets/smollm2 --out prompts.jsonl \\
         --num-synthetic 40000 --batch-size 1024 --backend static --device cuda
 """
 
@@ -372,66 +372,85 @@ def make_generator(target: str, backend: str, device: str | None, dtype: str, ba
     return HFGenerator(target, dtype=dtype, device=device)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The command's flags, on ``parser`` (a sub-command's) or a new one."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output JSONL of prompt records")
     parser.add_argument("--target", default=None, help="HF model folder; needed when --num-synthetic > 0")
-    parser.add_argument("--num-synthetic", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--backend", choices=["static", "hf"], default="static")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--temperature", type=float, default=0.9)
-    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--num-synthetic", type=int, default=0, help="prompts the target writes itself")
+    parser.add_argument("--batch-size", type=int, default=512, help="generations per batch (synthetic)")
+    parser.add_argument("--backend", choices=["static", "hf"], default="static", help="generation backend")
+    parser.add_argument("--device", default=None, help="generation device (default: cuda if available)")
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    parser.add_argument("--temperature", type=float, default=0.9, help="sampling temperature (synthetic)")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (synthetic)")
     parser.add_argument("--no-seeds", action="store_true", help="no offline seed prompts")
     parser.add_argument("--num-composed", type=int, default=0,
-                        help="prompts composed from request templates (recipes/composed_prompts.py), after the seeds")
+                        help="prompts composed from request templates (data/builders/composed_prompts.py), after the seeds")
     parser.add_argument("--heldout", default=None, help="prompts file never to emit (default: the packaged held-out and selection sets)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     parser.add_argument("--exclude", nargs="*", default=[], type=Path,
                         help="chat JSONL files whose user turns are never written again (another prompt set: "
                              "with another --seed, a second set of new prompts beside the first)")
     parser.add_argument("--max-seconds", type=float, default=None,
                         help="stop generating synthetic prompts after this long (keeps what is done)")
-    args = parser.parse_args(argv)
+    return parser
 
-    t0 = time.perf_counter()
+
+def _say(text: str) -> None:
+    print(f"prompts: {text}", flush=True)
+
+
+def _offline_prompts(args, t0: float) -> PromptSet:
+    """Held-out exclusion, excluded files, seeds and composed prompts: everything without a model."""
     prompts = PromptSet(load_heldout(args.heldout))
     if args.exclude:
         taken = prompts.exclude(_user_turns(args.exclude))
-        print(f"prompts: {taken} prompts of {len(args.exclude)} file(s) excluded", flush=True)
+        _say(f"{taken} prompts of {len(args.exclude)} file(s) excluded")
     if not args.no_seeds:
         for text, source in seed_prompts(args.seed):
             prompts.add(text, source)
-    print(f"prompts: {len(prompts)} seed prompts ({time.perf_counter() - t0:.1f}s)", flush=True)
+    _say(f"{len(prompts)} seed prompts ({time.perf_counter() - t0:.1f}s)")
     if args.num_composed > 0:
         from .composed_prompts import add_composed
 
         added = add_composed(prompts, args.num_composed, args.seed)
-        print(f"prompts: {added} composed prompts of {args.num_composed} asked for "
-              f"({time.perf_counter() - t0:.1f}s; rejected so far {prompts.rejected})", flush=True)
-    if args.num_synthetic > 0:
-        if not args.target:
-            parser.error("--num-synthetic needs --target")
-        import torch
+        _say(f"{added} composed prompts of {args.num_composed} asked for "
+             f"({time.perf_counter() - t0:.1f}s; rejected so far {prompts.rejected})")
+    return prompts
 
-        torch.manual_seed(args.seed)
-        t1 = time.perf_counter()
-        generator = make_generator(args.target, args.backend, args.device, args.dtype, args.batch_size)
-        print(f"prompts: loaded {args.target} ({args.backend}) in {time.perf_counter() - t1:.1f}s", flush=True)
-        t1 = time.perf_counter()
-        added = synthesize(generator, prompts, args.num_synthetic, args.batch_size, args.temperature, args.top_p,
-                           seed=args.seed, log=lambda s: print(s, flush=True),
-                           max_seconds=args.max_seconds)
-        print(f"prompts: {added} synthetic prompts in {time.perf_counter() - t1:.1f}s", flush=True)
+
+def _synthetic_prompts(args, prompts: PromptSet) -> None:
+    """Add ``--num-synthetic`` prompts written by the target."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    t1 = time.perf_counter()
+    generator = make_generator(args.target, args.backend, args.device, args.dtype, args.batch_size)
+    _say(f"loaded {args.target} ({args.backend}) in {time.perf_counter() - t1:.1f}s")
+    t1 = time.perf_counter()
+    added = synthesize(generator, prompts, args.num_synthetic, args.batch_size, args.temperature, args.top_p,
+                       seed=args.seed, log=lambda s: print(s, flush=True), max_seconds=args.max_seconds)
+    _say(f"{added} synthetic prompts in {time.perf_counter() - t1:.1f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.num_synthetic > 0 and not args.target:
+        parser.error("--num-synthetic needs --target")
+    t0 = time.perf_counter()
+    prompts = _offline_prompts(args, t0)
+    if args.num_synthetic > 0:
+        _synthetic_prompts(args, prompts)
     records = prompts.records()
     random.Random(args.seed).shuffle(records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as fh:
         for rec in records:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    print(f"prompts: wrote {len(records)} prompts to {args.out} (rejected {prompts.rejected}) "
-          f"in {time.perf_counter() - t0:.1f}s total", flush=True)
+    _say(f"wrote {len(records)} prompts to {args.out} (rejected {prompts.rejected}) "
+         f"in {time.perf_counter() - t0:.1f}s total")
     return 0
 
 

@@ -8,8 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import json  # noqa: E402
 
+from dflash_train.data.builders import prompts as P  # noqa: E402
 from dflash_train.decoding.generators import Generation, Generator  # noqa: E402
-from dflash_train.recipes import prompts as P  # noqa: E402
 
 
 def test_clean_prompt_strips_labels_quotes_and_chatter():

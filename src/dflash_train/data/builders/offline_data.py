@@ -5,7 +5,7 @@ No dataset hub is reachable here, so the sources are: ``chatterbot-corpus``
 Python tasks with reference solutions) and Python's own documentation topics
 (``pydoc_data.topics``). Each becomes OpenAI-style ``messages`` records.
 
-    python -m dflash_train.recipes.offline_data --out data/demo.jsonl
+    python -m dflash_train.data.builders.offline_data --out data/demo.jsonl
 """
 
 from __future__ import annotations
@@ -92,12 +92,17 @@ def heldout_prompts_path() -> Path:
     return prompt_set_path("heldout")
 
 
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The command's flags, on ``parser`` (a sub-command's) or a new one."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output JSONL of chat records")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N conversations (after shuffling)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     records = all_records(args.seed)[: args.limit]
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} conversations to {args.out}")

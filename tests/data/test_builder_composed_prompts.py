@@ -6,8 +6,8 @@ import json
 import random
 import re
 
-from dflash_train.recipes import composed_prompts as C
-from dflash_train.recipes import prompts as P
+from dflash_train.data.builders import composed_prompts as C
+from dflash_train.data.builders import prompts as P
 
 
 def test_near_catches_paraphrases_not_neighbours():
