@@ -16,6 +16,7 @@ from dflash_train.config import JobConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
 from dflash_train.run_folder import CONFIG, SUMMARY
+from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import (
     check_run_folder,
     load_checkpoint,
@@ -93,6 +94,13 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
           **parts) -> dict:
+    """``_train`` holding the run folder (the main rank; ``run_lock.py``): one run per folder."""
+    with hold_run_folder(cfg.train.run_dir, enabled=ranks is None or ranks.is_main, echo=echo):
+        return _train(cfg, target, ranks, echo, clock, **parts)
+
+
+def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
+           **parts) -> dict:
     """Run one training job and return its summary (also written to ``summary.json``).
 
     ``ranks`` and ``parts`` (``features``, ``timings``, ``data_parallel``) are what the
