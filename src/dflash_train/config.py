@@ -346,7 +346,7 @@ def _parse_config(path: Path, text: str) -> Any:
     """JSON or YAML; deep nesting (RecursionError) and parse errors become one line."""
     try:
         return (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
+    except (ValueError, yaml.YAMLError) as err:  # (ValueError: JSON, and a 5,000-digit number)
         raise UserFacingError(f"config {path}: cannot read it: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                               f"{' '.join(str(err).split())}; fix the file") from None
     except RecursionError:
@@ -380,7 +380,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ValueError(f"override {item!r}: {section} is not a section")
         try:
             data[section][key] = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
+        except (ValueError, yaml.YAMLError) as err:
             raise ValueError(f"override {item!r}: the value is not valid YAML ({' '.join(str(err).split())}); "
                              f"quote it, e.g. {dotted}='\"...\"'") from None
         except RecursionError:

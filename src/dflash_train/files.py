@@ -64,13 +64,24 @@ _REASONS: dict[int, tuple[str, str]] = {
 }
 
 
-def _dangling(path: Path) -> str | None:
-    """A link whose target is missing: the reason names the target."""
+# faults of the location (the caller's ``todo``, e.g. "set train.run_dir elsewhere", applies)
+_LOCATION = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _link_problem(path: Path) -> str | None:
+    """A link that cannot be followed: its target is missing, or the links loop."""
     try:
-        if path.is_symlink() and not path.exists():
+        if not path.is_symlink():
+            return None
+        os.stat(path)
+    except FileNotFoundError:
+        try:
             return f"is a symbolic link to a missing target ({os.readlink(path)})"
-    except OSError:
-        return None
+        except OSError:
+            return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a symbolic link loop"
     return None
 
 
@@ -78,8 +89,13 @@ def describe_os_error(err: OSError, what: str, path: str | Path | None = None, t
     """``<what> <path>: <reason>; <what to do>`` for ``err`` (one line)."""
     path = path if path is not None else err.filename
     reason, advice = _REASONS.get(err.errno, (err.strerror or type(err).__name__, "check the path and rerun"))
-    if err.errno == errno.ENOENT and path:
-        reason = _dangling(Path(path)) or reason
+    if err.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR) and path:
+        link = _link_problem(Path(path))
+        reason, advice = (link, "fix or remove the link") if link else (reason, advice)
+        if err.errno == errno.EEXIST and not link and Path(path).exists() and not Path(path).is_dir():
+            reason, advice = "is a file, not a folder", "remove it or choose another path"
+    if todo and err.errno not in _LOCATION:  # the caller's advice is about where to write
+        todo = ""
     where = f" (at {err.filename})" if err.filename and str(err.filename) != str(path) else ""
     text = f"{what}{f' {path}' if path else ''}: {reason}{where}; {todo or advice}"
     return " ".join(text.split())

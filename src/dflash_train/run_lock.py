@@ -98,6 +98,8 @@ class RunLock:
         todo = "set train.run_dir to a folder you can write"
         with explained("cannot create the run folder", self.run_dir, todo):
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.path.is_symlink():  # O_CREAT would create the link's target somewhere else
+            raise UserFacingError(f"run lock {self.path} is a symbolic link; remove it (a run writes it itself)")
         with explained("cannot lock the run folder", self.path, todo):
             fd, flocked = self._open_locked()
         try:
@@ -110,6 +112,9 @@ class RunLock:
             with explained("cannot write the run lock", self.path, todo):
                 self._write_info(fd)
         except BaseException:
+            if not isinstance(sys.exc_info()[1], RunFolderBusy):  # ours (locked) or unusable: no debris
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
             os.close(fd)
             raise
         self.fd = fd
@@ -119,7 +124,7 @@ class RunLock:
     def _open_locked(self) -> tuple[int, bool]:
         """An fd of the lock file at ``self.path`` and whether it is flocked (False: no flock here)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
             try:
                 if fcntl is None:
                     return fd, False

@@ -9,6 +9,7 @@ leaves a half-written cache that later runs would trust.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -21,11 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_train.files import (
-    UserFacingError,
     explained,
+    file_error,
     note,
     pid_alive,
-    read_text,
     staged_folder,
     sweep_stale_temps,
     temp_path,
@@ -100,20 +100,31 @@ def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
     there but does not read back. A file fault (permission, I/O) is a one-line error."""
     if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
         return None
-    text = read_text(entry / REPORT_FILE, "data cache report", todo=_TODO)
-    try:
-        report = SkipReport.from_dict(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
-        raise CorruptEntry(f"{REPORT_FILE} does not read back ({type(err).__name__})") from None
+    with _entry_file(entry / REPORT_FILE):
+        report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_bytes().decode("utf-8")))
     import datasets
 
+    with _entry_file(entry / DATA_FILE):
+        return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
+
+
+# errors of the place (permissions, a failing disk): a one-line error, rebuilding would not help
+_PLACE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO, errno.ENOSPC, errno.EROFS, errno.EMFILE, errno.ENFILE}
+
+
+@contextlib.contextmanager
+def _entry_file(path: Path):
+    """Reading one file of an entry: a fault of the place is a one-line error; anything the
+    bytes cause (truncated, garbled, a folder or a broken link where the file was) is a corrupt
+    entry, rebuilt by the caller."""
     try:
-        with explained("cannot read data cache entry", entry / DATA_FILE, _TODO):
-            return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
-    except UserFacingError:
-        raise
-    except Exception as err:  # noqa: BLE001 - pyarrow's errors for a truncated/garbled file
-        raise CorruptEntry(f"{DATA_FILE} does not read back ({type(err).__name__})") from None
+        yield
+    except OSError as err:
+        if err.errno in _PLACE_ERRNOS:
+            raise file_error(err, "cannot read data cache entry", path, _TODO) from None
+        raise CorruptEntry(f"{path.name} does not read back ({err.strerror or type(err).__name__})") from None
+    except Exception as err:  # noqa: BLE001 - json/pyarrow/SkipReport errors of a truncated or garbled file
+        raise CorruptEntry(f"{path.name} does not read back ({type(err).__name__})") from None
 
 
 def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: int = 1000,
