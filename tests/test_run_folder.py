@@ -141,6 +141,7 @@ def test_a_live_holder_refuses_and_a_killed_one_is_taken_over(tmp_path):
         proc.kill()  # SIGKILL: no cleanup runs; the kernel drops the flock
         proc.wait()
     (run / "metrics.jsonl.tmp").write_text("x")
+    (run / "notes.tmp").write_text("the user's own file")  # not a name a run writes: kept
     (run / "checkpoints" / "step-00000003.tmp").mkdir(parents=True)
     (run / "checkpoints" / "step-00000002").mkdir()
     notes, echo = _lines()
@@ -149,7 +150,7 @@ def test_a_live_holder_refuses_and_a_killed_one_is_taken_over(tmp_path):
     assert len(notes) == 3 and f"pid {proc.pid}" in notes[0] and "took over" in notes[0]
     assert "metrics.jsonl.tmp" in notes[1] and "step-00000003.tmp" in notes[2]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002"]
-    assert not (run / "metrics.jsonl.tmp").exists()
+    assert not (run / "metrics.jsonl.tmp").exists() and (run / "notes.tmp").exists()
 
 
 def test_without_flock_the_recorded_holder_decides(tmp_path, monkeypatch):

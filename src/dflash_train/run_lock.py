@@ -33,6 +33,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dflash_train.files import HOST, UserFacingError, explained, pid_alive, sweep_stale_temps
-from dflash_train.run_folder import CHECKPOINTS, LOCK
+from dflash_train.run_folder import CHECKPOINTS, COMPILE_ARTIFACTS, LOCK, METRICS
 
 try:
     import fcntl
@@ -79,9 +80,15 @@ def _holder_alive(info: dict | None) -> bool:
     return info.get("host") != HOST or pid_alive(info["pid"])
 
 
+# Older temporary names (no owner in them) that only a run in this folder writes: the metrics
+# rewrite, the compile artifacts, the preflight's write probe, a checkpoint being saved. Exact
+# names, so that a user's own ``*.tmp`` in a run_dir of their choosing (``.``) is never touched.
+_RUN_TEMPS = re.compile(rf"^({re.escape(METRICS)}\.tmp|{re.escape(Path(COMPILE_ARTIFACTS).stem)}\.tmp|"
+                        r"\.write-test-\d+|step-\d+\.tmp)$")
+
+
 def _run_folder_temp(path: Path) -> bool:
-    """Older temporary names (no owner in them) that only a run in this folder writes."""
-    return path.name.endswith(".tmp") or path.name.startswith(".write-test-")
+    return bool(_RUN_TEMPS.match(path.name))
 
 
 class RunLock:
