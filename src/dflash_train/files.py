@@ -88,6 +88,14 @@ def _link_problem(path: Path) -> str | None:
 def describe_os_error(err: OSError, what: str, path: str | Path | None = None, todo: str = "") -> str:
     """``<what> <path>: <reason>; <what to do>`` for ``err`` (one line)."""
     path = path if path is not None else err.filename
+    reason, todo = os_error_reason(err, path, todo)
+    where = f" (at {err.filename})" if err.filename and str(err.filename) != str(path) else ""
+    text = f"{what}{f' {path}' if path else ''}: {reason}{where}; {todo}"
+    return " ".join(text.split())
+
+
+def os_error_reason(err: OSError, path: str | Path | None, todo: str = "") -> tuple[str, str]:
+    """(reason, what to do) for ``err`` about ``path``; ``todo`` wins for faults of the place."""
     reason, advice = _REASONS.get(err.errno, (err.strerror or type(err).__name__, "check the path and rerun"))
     if err.errno in (errno.ENOENT, errno.EEXIST, errno.ELOOP, errno.ENOTDIR) and path:
         link = _link_problem(Path(path))
@@ -96,9 +104,7 @@ def describe_os_error(err: OSError, what: str, path: str | Path | None = None, t
             reason, advice = "is a file, not a folder", "remove it or choose another path"
     if todo and err.errno not in _LOCATION:  # the caller's advice is about where to write
         todo = ""
-    where = f" (at {err.filename})" if err.filename and str(err.filename) != str(path) else ""
-    text = f"{what}{f' {path}' if path else ''}: {reason}{where}; {todo or advice}"
-    return " ".join(text.split())
+    return reason, todo or advice
 
 
 def file_error(err: OSError, what: str, path: str | Path | None = None, todo: str = "") -> UserFacingError:

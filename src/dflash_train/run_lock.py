@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from dflash_train.files import HOST, UserFacingError, explained, pid_alive, sweep_stale_temps
+from dflash_train.files import HOST, UserFacingError, explained, os_error_reason, pid_alive, sweep_stale_temps
 from dflash_train.run_folder import CHECKPOINTS, COMPILE_ARTIFACTS, LOCK, METRICS
 
 try:
@@ -103,8 +103,11 @@ class RunLock:
 
     def acquire(self) -> None:
         todo = "set train.run_dir to a folder you can write"
-        with explained("cannot create the run folder", self.run_dir, todo):
+        try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            reason, advice = os_error_reason(err, self.run_dir, todo)
+            raise UserFacingError(f"train.run_dir {self.run_dir}: cannot write there: {reason}; {advice}") from None
         if self.path.is_symlink():  # O_CREAT would create the link's target somewhere else
             raise UserFacingError(f"run lock {self.path} is a symbolic link; remove it (a run writes it itself)")
         with explained("cannot lock the run folder", self.path, todo):
