@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from dflash_train.files import describe_os_error
+
 # (module, attribute) pairs; each module's ``register`` adds its sub-command(s).
 COMMANDS = [
     "dflash_train.train.cli",
@@ -21,8 +23,16 @@ COMMANDS = [
 ]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag (e.g. ``--limit 0``, see ``cli_types``) answers in one line naming it, not
+    the usage block; sub-commands' parsers are of the same class (argparse's default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dflash-train", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="dflash-train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         try:
@@ -38,8 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except ValueError as err:  # bad input, and every files.UserFacingError (a ValueError)
         print(f"dflash-train {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file fault no caller explained: still one line, naming the path
+        text = str(err) if err.errno is None else describe_os_error(err, "file" if err.filename else "operation")
+        print(f"dflash-train {args.command}: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dflash-train {args.command}: interrupted", file=sys.stderr)

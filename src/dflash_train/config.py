@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 from torch import device as torch_device
 
 from dflash_train.data import DataConfig
+from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.blocks import check_loss_positions
 
@@ -245,14 +247,14 @@ SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
 
 def _build(cls, data: dict[str, Any], where: str):
     known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(known))
+    unknown = sorted(str(k) for k in set(data) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
     kwargs = {}
     for name, value in data.items():
         if name == "betas" and isinstance(value, list):
             value = tuple(value)
-        value = _yaml_word(value, str(known[name].type))
+        value = _text(_yaml_word(value, str(known[name].type)), str(known[name].type), f"{where}.{name}")
         _check_bool(value, str(known[name].type), f"{where}.{name}")
         kwargs[name] = _coerce_number(value, str(known[name].type), f"{where}.{name}")
     return cls(**kwargs)
@@ -265,6 +267,17 @@ def _yaml_word(value: Any, annotation: str) -> Any:
     if isinstance(value, bool) and kinds <= {"str", "None"}:
         return "on" if value else "off"
     return value
+
+
+def _text(value: Any, annotation: str, key: str) -> Any:
+    """A text field (a path, a name): a number YAML read (``train.run_dir=2024``) is the text it
+    was written as; a list or mapping is refused here, naming the key, not deep in a later step."""
+    kinds = {part.strip() for part in annotation.split("|")}
+    if not kinds or not kinds <= {"str", "None"} or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{key} must be text, got {type(value).__name__} {_short(value)}")
 
 
 def _check_bool(value: Any, annotation: str, key: str) -> None:
@@ -306,10 +319,19 @@ def _coerce_number(value: Any, annotation: str, key: str) -> Any:
 def config_from_dict(data: dict[str, Any]) -> JobConfig:
     sections = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig, "optim": OptimConfig,
                 "train": TrainConfig, "eval": EvalConfig}
-    unknown = sorted(set(data) - set(sections))
+    unknown = sorted(str(k) for k in set(data) - set(sections))
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; known: {sorted(sections)}")
+    for name, value in data.items():
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"config section {name} must hold key: value pairs, got {type(value).__name__} "
+                             f"{_short(value)}")
     return JobConfig(**{name: _build(cls, data.get(name) or {}, name) for name, cls in sections.items()})
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def recipe_names() -> list[str]:
@@ -317,15 +339,26 @@ def recipe_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a job config is a few KB; more is another file given by mistake
+
+
+def _parse_config(path: Path, text: str) -> Any:
+    """JSON or YAML; deep nesting (RecursionError) and parse errors become one line."""
+    try:
+        return (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+    except (ValueError, yaml.YAMLError) as err:  # (ValueError: JSON, and a 5,000-digit number)
+        raise UserFacingError(f"config {path}: cannot read it: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                              f"{' '.join(str(err).split())}; fix the file") from None
+    except RecursionError:
+        raise UserFacingError(f"config {path}: nested too deeply to be a job config; fix the file") from None
+
+
 def read_config_file(path_or_recipe: str) -> dict[str, Any]:
-    """A YAML/JSON file, or the name of a packaged recipe (see ``recipe_names()``)."""
+    """A YAML/JSON file, or the name of a packaged recipe (see ``recipe_names()``). A path that
+    is there but cannot be followed (a dangling link, a link loop) is named as such."""
     path = Path(path_or_recipe)
-    if path.exists():
-        try:
-            text = path.read_text(encoding="utf-8")
-            data = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as err:
-            raise ValueError(f"config {path}: cannot read it: {' '.join(str(err).split())}") from None
+    if path.exists() or os.path.lexists(path):
+        data = _parse_config(path, read_text(path, "config", MAX_CONFIG_BYTES))
         if not isinstance(data, dict):
             raise ValueError(f"config {path}: expected sections (target, drafter, ...), got {type(data).__name__}")
         return data
@@ -345,14 +378,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         data.setdefault(section, {})
         if not isinstance(data[section], dict):
             raise ValueError(f"override {item!r}: {section} is not a section")
-        data[section][key] = yaml.safe_load(raw)
+        try:
+            data[section][key] = yaml.safe_load(raw)
+        except (ValueError, yaml.YAMLError) as err:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({' '.join(str(err).split())}); "
+                             f"quote it, e.g. {dotted}='\"...\"'") from None
+        except RecursionError:
+            raise ValueError(f"override {item!r}: the value is nested too deeply") from None
     return data
 
 
 def load_config(path_or_recipe: str | None, overrides: list[str] = ()) -> JobConfig:
     data = read_config_file(path_or_recipe) if path_or_recipe else {}
     cfg = config_from_dict(apply_overrides(data, list(overrides)))
-    cfg.validate()
+    try:
+        cfg.validate()
+    except TypeError as err:  # a value of a type no check above expected: still one line
+        raise ValueError(f"config: a value has the wrong type ({err}); check the types of the keys you set") from None
     return cfg
 
 

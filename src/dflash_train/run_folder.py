@@ -6,6 +6,7 @@ spelling a name itself (``tests/test_run_folder.py`` checks that), so that a nam
 drift between the writer and a reader::
 
     RUN/
+      run.lock                    held while a run writes the folder (run_lock.py)
       config.json                 the resolved job config (+ ``drafter_resolved``)
       metrics.jsonl               one JSON record per logged step (loss, acceptance, tau, ...)
       summary.json                the job's summary; ``checkpoint`` names its final checkpoint
@@ -37,6 +38,7 @@ SUMMARY = "summary.json"
 COMPILE_ARTIFACTS = "compile-artifacts.bin"
 TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
+LOCK = "run.lock"
 
 DRAFTER_CONFIG = "drafter_config.json"
 DRAFTER_WEIGHTS = "drafter.safetensors"
@@ -104,22 +106,31 @@ def file_checksums(folder: Path) -> dict[str, dict]:
 
 def verify_checkpoint(path: Path) -> str | None:
     """None when every file matches its recorded checksum, else what is wrong (one line).
-    A checkpoint from before checksums existed (no ``checksums.json``) passes unverified."""
+    A checkpoint from before checksums existed (no ``checksums.json``) passes unverified. A
+    file that cannot be read (an I/O error, permissions), a malformed checksum file or one
+    naming a file outside the checkpoint is a problem too, never an exception."""
     path = Path(path)
     if not (path / CHECKSUMS).exists():
         return None
     try:
         expected = json.loads((path / CHECKSUMS).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return f"{CHECKSUMS} is unreadable ({err})"
-    for name, want in sorted(expected.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        size = file.stat().st_size
-        if size != want["bytes"]:
-            return f"{name} has {size} bytes, {want['bytes']} were written"
-    actual = file_checksums(path)
+    except (ValueError, RecursionError) as err:
+        return f"{CHECKSUMS} is unreadable ({' '.join(str(err).split())[:120]})"
+    except OSError as err:
+        return f"{CHECKSUMS} cannot be read ({err.strerror})"
+    if not _checksums_well_formed(expected):
+        return f"{CHECKSUMS} is malformed (expected {{file: {{sha256, bytes}}}} of files inside the checkpoint)"
+    try:
+        for name, want in sorted(expected.items()):
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            size = file.stat().st_size
+            if size != want["bytes"]:
+                return f"{name} has {size} bytes, {want['bytes']} were written"
+        actual = file_checksums(path)
+    except OSError as err:
+        return f"{Path(err.filename or '?').name} cannot be read ({err.strerror})"
     for name, want in sorted(expected.items()):
         if actual[name]["sha256"] != want["sha256"]:
             return f"{name} does not match its sha256 checksum (its bytes changed after the save)"
@@ -142,3 +153,16 @@ def newest_verified(run_dir: str | Path, usable=is_complete, on_corrupt=None) ->
         raise ValueError(f"{run_dir}: none of its {len(candidates)} complete checkpoint(s) verifies against "
                          f"its checksums")
     return None
+
+
+def _checksums_well_formed(expected) -> bool:
+    if not isinstance(expected, dict):
+        return False
+    for name, want in expected.items():
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            return False
+        if not (isinstance(want, dict) and isinstance(want.get("sha256"), str)
+                and isinstance(want.get("bytes"), int) and not isinstance(want.get("bytes"), bool)):
+            return False
+    return True

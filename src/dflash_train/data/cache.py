@@ -9,14 +9,27 @@ leaves a half-written cache that later runs would trust.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dflash_train.files import (
+    explained,
+    file_error,
+    note,
+    pid_alive,
+    staged_folder,
+    sweep_stale_temps,
+    temp_path,
+)
 
 from .errors import SkipReport
 
@@ -50,7 +63,7 @@ def _hash_path(h, path: Path) -> None:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for f in files:
         h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-        with open(f, "rb") as fh:
+        with explained("cannot read data file", f), open(f, "rb") as fh:
             for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
                 h.update(chunk)
 
@@ -75,46 +88,82 @@ def cache_key(files: Iterable[Path], tokenizer, options: dict) -> str:
     return h.hexdigest()[:32]
 
 
+class CorruptEntry(Exception):
+    """A cache entry whose files are there but do not read back (a crash, a bad disk)."""
+
+
+_TODO = "set data.cache_dir (or DFLASH_DATA_CACHE) to a folder you can write"
+
+
 def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
+    """The entry's rows and report; None when it is not there; ``CorruptEntry`` when it is
+    there but does not read back. A file fault (permission, I/O) is a one-line error."""
     if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
         return None
-    report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_text()))
+    with _entry_file(entry / REPORT_FILE):
+        report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_bytes().decode("utf-8")))
     import datasets
 
-    return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
+    with _entry_file(entry / DATA_FILE):
+        return datasets.Dataset.from_file(str(entry / DATA_FILE)), report
 
 
-def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: int = 1000) -> None:
-    """Stream rows into an Arrow file (never all in memory), then publish atomically."""
-    tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+# errors of the place (permissions, a failing disk): a one-line error, rebuilding would not help
+_PLACE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EIO, errno.ENOSPC, errno.EROFS, errno.EMFILE, errno.ENFILE}
+
+
+@contextlib.contextmanager
+def _entry_file(path: Path):
+    """Reading one file of an entry: a fault of the place is a one-line error; anything the
+    bytes cause (truncated, garbled, a folder or a broken link where the file was) is a corrupt
+    entry, rebuilt by the caller."""
     try:
+        yield
+    except OSError as err:
+        if err.errno in _PLACE_ERRNOS:
+            raise file_error(err, "cannot read data cache entry", path, _TODO) from None
+        raise CorruptEntry(f"{path.name} does not read back ({err.strerror or type(err).__name__})") from None
+    except Exception as err:  # noqa: BLE001 - json/pyarrow/SkipReport errors of a truncated or garbled file
+        raise CorruptEntry(f"{path.name} does not read back ({type(err).__name__})") from None
+
+
+def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: int = 1000,
+                replace: bool = False) -> None:
+    """Stream rows into an Arrow file (never all in memory), then publish atomically. Any
+    failure (no space, read-only, an error in ``rows``) leaves no temporary behind; ``replace``
+    puts a new entry over a corrupt one."""
+    with staged_folder(entry, "data cache entry", _TODO, publish=partial(_publish, replace=replace)) as tmp:
         _write_arrow(tmp, rows, batch)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
-    _publish(tmp, entry)
+        (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
 
 
-def _publish(tmp: Path, entry: Path) -> None:
+def _publish(tmp: Path, entry: Path, replace: bool = False) -> None:
     """Move a finished ``tmp`` into place, unless a complete entry is already there.
 
     Several runs started together (ablations on one data set) build the same entry at
     once. The first to finish publishes it; the others keep it and drop their copy, so
     a run that already loaded the entry never sees it removed. A partial entry (an old
-    crash) is replaced."""
+    crash) or, with ``replace``, a corrupt one is moved aside (a temporary name: swept if
+    this process dies here) and replaced."""
     try:
         os.replace(tmp, entry)  # atomic; fails on a non-empty folder
         return
-    except OSError:
-        pass
-    if (entry / DATA_FILE).exists() and (entry / REPORT_FILE).exists():
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if not replace and (entry / DATA_FILE).exists() and (entry / REPORT_FILE).exists():
         shutil.rmtree(tmp, ignore_errors=True)
         return
-    shutil.rmtree(entry, ignore_errors=True)
+    aside = temp_path(entry)
+    os.replace(entry, aside)
     os.replace(tmp, entry)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _legacy_temp(path: Path) -> bool:
+    """``<key>.tmp-<pid>``, the name before ``files.temp_path``: stale when its pid is dead."""
+    match = re.fullmatch(r"[0-9a-f]+\.tmp-(\d+)", path.name)
+    return bool(match) and not pid_alive(int(match[1]))
 
 
 def _write_arrow(tmp: Path, rows: Iterable[dict], batch: int) -> None:
@@ -132,13 +181,21 @@ def _write_arrow(tmp: Path, rows: Iterable[dict], batch: int) -> None:
         writer.finalize()
 
 
-def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterable[dict]]
-                 ) -> tuple[datasets.Dataset, SkipReport]:
-    """Load entry ``key`` or create it from ``build(report)``'s rows."""
+def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterable[dict]],
+                 echo: Callable[[str], None] = note) -> tuple[datasets.Dataset, SkipReport]:
+    """Load entry ``key`` or create it from ``build(report)``'s rows. Temporaries of killed
+    builds are swept first, and a corrupt entry is rebuilt (each with a one-line note)."""
     entry = Path(cache_dir) / key
-    hit = load_cached(entry)
+    sweep_stale_temps(cache_dir, echo, _legacy_temp)
+    try:
+        hit = load_cached(entry)
+    except CorruptEntry as err:
+        echo(f"dflash-train: data cache entry {entry} is corrupt ({err}); tokenizing again")
+        hit, replace = None, True
+    else:
+        replace = False
     if hit is not None:
         return hit
     report = SkipReport()
-    write_entry(entry, build(report), report)
+    write_entry(entry, build(report), report, replace=replace)
     return load_cached(entry)

@@ -17,6 +17,7 @@ from dflash_train.data import DataConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
 from dflash_train.run_folder import CONFIG, SUMMARY
+from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
 from dflash_train.train.compilation import FirstStep
 from dflash_train.train.signals import StopOnSignals
@@ -111,6 +112,13 @@ class StepEnd:
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
           **parts) -> dict:
+    """``_train`` holding the run folder (the main rank; ``run_lock.py``): one run per folder."""
+    with hold_run_folder(cfg.train.run_dir, enabled=ranks is None or ranks.is_main, echo=echo):
+        return _train(cfg, target, ranks, echo, clock, **parts)
+
+
+def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
+           **parts) -> dict:
     """Run one training job and return its summary (also written to ``summary.json``).
 
     ``ranks`` and ``parts`` (``features``, ``timings``, ``data_parallel``) are what the
