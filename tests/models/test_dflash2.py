@@ -105,7 +105,7 @@ def test_grouped_causal_conv_against_loop():
 
 def _slow_walk(selector, hidden, logits, anchor, temperature, seed):
     """One batch row, one slot at a time, scores by explicit sums over the rank."""
-    A, Bk, P = selector.predecessor_codebook.weight, selector.successor_codebook.weight, selector.hidden_projection.weight
+    A, Bk, P = selector.predecessor_codebook, selector.successor_codebook, selector.hidden_projection.weight
     g = torch.Generator().manual_seed(seed)
     prev, path, qs = int(anchor), [], []
     for j in range(hidden.shape[0]):
@@ -129,7 +129,7 @@ def test_selector_walk_against_slow_loop(target, temperature):
     drafter, _ = _dflash2(target)
     sel = drafter.candidate_selector
     with torch.no_grad():
-        sel.successor_codebook.weight.normal_(std=0.5)  # the pairwise term must matter
+        sel.successor_codebook.normal_(std=0.5)  # the pairwise term must matter
     g = torch.Generator().manual_seed(3)
     hidden = torch.randn(1, B - 1, 64, generator=g)
     logits = torch.randn(1, B - 1, 128, generator=g) * 2

@@ -269,20 +269,22 @@ class CandidateSelector(nn.Module):
         super().__init__()
         rank, vocab = int(_cfg(config, "selector_rank")), _cfg(config, "vocab_size")
         self.top_k = int(_cfg(config, "selector_top_k"))
-        self.predecessor_codebook = nn.Embedding(vocab, rank)
-        self.successor_codebook = nn.Embedding(vocab, rank)
+        # Plain [vocab, r] parameters, not nn.Embedding: the served tensors are named
+        # ``candidate_selector.{predecessor,successor}_codebook`` with no ``.weight`` (the authors').
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
         self.hidden_projection = nn.Linear(_cfg(config, "hidden_size"), rank, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            nn.init.normal_(self.predecessor_codebook.weight, std=1.0)
-            self.successor_codebook.weight.zero_()
+            nn.init.normal_(self.predecessor_codebook, std=1.0)
+            self.successor_codebook.zero_()
 
     def scores(self, projected, unary, candidates, predecessors) -> torch.Tensor:
         """``projected`` [..., r] = P h, ``unary``/``candidates`` [..., k], ``predecessors`` [...]: S [..., k]."""
-        pair = self.predecessor_codebook(predecessors) * projected
-        succ = self.successor_codebook(candidates)
+        pair = F.embedding(predecessors, self.predecessor_codebook) * projected
+        succ = F.embedding(candidates, self.successor_codebook)
         return unary + (succ * pair.unsqueeze(-2).to(succ.dtype)).sum(-1).to(unary.dtype)
 
 
