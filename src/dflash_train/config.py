@@ -96,6 +96,12 @@ class TrainConfig:
     # verification reaches it: the product of its probabilities of the labels at the block's earlier
     # positions (objective/loss.py). Positions after a likely miss, which tau never uses, then teach less.
     reach_weighting: bool = False
+    # "ce" (the decayed CE above) or "dpace" (D-PACE's confidence weights replace the decay; objective/loss._dpace)
+    objective: str = "ce"
+    dpace_alpha: float = 0.5  # D-PACE's floor on each position's acceptance factor, in [0, 1]
+    # DFlash2: where the label is not among the top-k candidates, "exclude" the row from the selector CE or
+    # "inject" the label as a candidate (objective/loss.selector_ce says why exclude is the default)
+    selector_out_of_topk: str = "exclude"
     device: str = "auto"
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
@@ -172,6 +178,14 @@ class TrainConfig:
             raise ValueError(f"train.reach_weighting must be true or false, got {self.reach_weighting!r}")
         if self.reach_weighting and self.distill > 0:
             raise ValueError("train.reach_weighting does not combine with train.distill > 0 (soft targets)")
+        if self.objective not in ("ce", "dpace"):
+            raise ValueError(f"train.objective must be 'ce' or 'dpace', got {self.objective!r}")
+        if self.objective == "dpace" and (self.reach_weighting or self.distill > 0):
+            raise ValueError("train.objective=dpace combines with neither train.reach_weighting nor train.distill")
+        if not 0 <= self.dpace_alpha <= 1:
+            raise ValueError(f"train.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
+        if self.selector_out_of_topk not in ("exclude", "inject"):
+            raise ValueError(f"train.selector_out_of_topk must be 'exclude' or 'inject', got {self.selector_out_of_topk!r}")
         if self.drafter_init not in ("random", "target"):
             raise ValueError(f"train.drafter_init must be 'random' or 'target', got {self.drafter_init!r}")
         if self.drafter_init == "target" and self.init_from:

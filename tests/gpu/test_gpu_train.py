@@ -139,7 +139,7 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block):
     """The chunked CE through torch.compile (the trainer's default on CUDA) against the eager chunks:
     the same weighted loss, input gradient and argmax in bf16, SmolLM2's vocabulary; also with
     ``train.reach_weighting`` (blocks of 8 positions)."""
-    from dflash_train.objective.loss import chunked_weighted_ce
+    from dflash_train.objective.loss import LossOptions, chunked_weighted_ce
 
     g = torch.Generator(device="cuda").manual_seed(0)
     n, h, vocab = 5000 if not reach_block else 5000 // reach_block * reach_block, 576, 49152
@@ -159,8 +159,8 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block):
     out = {}
     for compiled in (False, True):
         hidden = make_hidden().requires_grad_()
-        loss, argmax = chunked_weighted_ce(hidden, head, labels, weights, 2048, compiled=compiled,
-                                           reach_block=reach_block)
+        opts = LossOptions(2048, compiled=compiled, block=reach_block, weighting="reach" if reach_block else "decay")
+        loss, argmax = chunked_weighted_ce(hidden, head, labels, weights, opts)
         loss.backward()
         out[compiled] = (loss.detach(), argmax, hidden.grad)
     torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-3, atol=1e-2)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dflash_train.objective.blocks import build_blocks, decay_weights, predicting_states
-from dflash_train.objective.loss import dflash_loss, reference_loss
+from dflash_train.objective.loss import LossOptions, dflash_loss, reference_loss
 
 
 def soft_reference(hidden, lm_head, labels, weights, target_hidden, distill):
@@ -40,8 +40,8 @@ def test_chunked_soft_loss_and_gradient_equal_full_logits_reference(distill, com
     h, head, labels, weights, valid, target_hidden = random_case()
     rows, num_blocks, block = labels.shape
     h = h.requires_grad_()
-    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7, target_hidden=target_hidden, distill=distill,
-                      compiled=compiled)
+    out = dflash_loss(h, head, labels, weights, valid, LossOptions(chunk_size=7, distill=distill, compiled=compiled),
+                      target_hidden)
     loss = out.weighted_ce / out.weight_sum
     (grad,) = torch.autograd.grad(loss, h)
     h_ref = h.detach().clone().requires_grad_()
@@ -53,7 +53,7 @@ def test_chunked_soft_loss_and_gradient_equal_full_logits_reference(distill, com
         plain = reference_loss(h.detach().view(rows, num_blocks, block, -1), head, labels, weights, valid)
         torch.testing.assert_close(loss.double(), plain)
     else:  # and the target's distribution does move it
-        plain = dflash_loss(h.detach(), head, labels, weights, valid, chunk_size=7)
+        plain = dflash_loss(h.detach(), head, labels, weights, valid, LossOptions(chunk_size=7))
         assert not torch.allclose(loss.double(), plain.weighted_ce / plain.weight_sum)
     # accuracy stays against the hard labels
     argmax = (h.detach().view(rows, num_blocks, block, -1) @ head.t()).argmax(-1)

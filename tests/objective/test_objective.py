@@ -15,7 +15,13 @@ from dflash_train.objective.blocks import (
     sample_anchors,
     sample_batch_anchors,
 )
-from dflash_train.objective.loss import acceptance_stats, chunked_weighted_ce, dflash_loss, reference_loss
+from dflash_train.objective.loss import (
+    LossOptions,
+    acceptance_stats,
+    chunked_weighted_ce,
+    dflash_loss,
+    reference_loss,
+)
 
 
 def test_anchors_obey_loss_mask_rule_and_are_fresh_per_epoch():
@@ -77,7 +83,7 @@ def test_chunked_loss_and_gradients_equal_unchunked_reference(compiled):
     valid = torch.rand(rows, num_blocks, block, generator=g) > 0.2
     valid[..., 0] = False
     weights = decay_weights(block, 3.0).double() * valid
-    out = dflash_loss(h, head, labels, weights, valid, chunk_size=7, compiled=compiled)
+    out = dflash_loss(h, head, labels, weights, valid, LossOptions(chunk_size=7, compiled=compiled))
     loss = out.weighted_ce / out.weight_sum
     (grad,) = torch.autograd.grad(loss, h)
     h_ref = h.detach().clone().requires_grad_()
@@ -102,7 +108,7 @@ def test_chunked_ce_never_builds_all_logits(monkeypatch):
 
     monkeypatch.setattr(loss_mod, "_chunk_forward", spy)
     h = torch.randn(100, 8, requires_grad=True)
-    loss, _ = chunked_weighted_ce(h, torch.randn(30, 8), torch.zeros(100, dtype=torch.long), torch.ones(100), 32)
+    loss, _ = chunked_weighted_ce(h, torch.randn(30, 8), torch.zeros(100, dtype=torch.long), torch.ones(100), LossOptions(32))
     loss.backward()
     # four chunks of at most 32 rows, as even as possible (one compiled shape); backward rebuilt nothing
     assert sizes == [25, 25, 25, 25]

@@ -10,7 +10,7 @@ from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.config import TrainConfig
 from dflash_train.models.target import Target
-from dflash_train.objective.loss import _even_chunk, chunked_weighted_ce, reference_loss
+from dflash_train.objective.loss import LossOptions, _even_chunk, chunked_weighted_ce, reference_loss
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from tests.objective.test_loss_positions import BLOCK, _batch
 
@@ -33,7 +33,7 @@ def test_chunked_reach_weighting_equals_the_reference(chunk):
     k = 5
     hidden, head, labels, weights = _inputs(positions=k)
     x = hidden.clone().requires_grad_()
-    loss, _ = chunked_weighted_ce(x, head, labels, weights, chunk, reach_block=k)
+    loss, _ = chunked_weighted_ce(x, head, labels, weights, LossOptions(chunk, block=k, weighting="reach"))
     loss.backward()
     y = hidden.clone().requires_grad_()
     ref = reference_loss(y.view(-1, k, y.shape[-1]), head, labels.view(-1, k), weights.view(-1, k), None,
@@ -41,7 +41,7 @@ def test_chunked_reach_weighting_equals_the_reference(chunk):
     ref.backward()
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(x.grad, y.grad)
-    plain, _ = chunked_weighted_ce(hidden, head, labels, weights, chunk)
+    plain, _ = chunked_weighted_ce(hidden, head, labels, weights, LossOptions(chunk))
     assert loss < plain - 1e-3  # the factor changed the loss (it is < 1 after the first position)
 
 
@@ -51,7 +51,7 @@ def test_the_factor_is_detached_and_excludes_the_position_itself():
     k = 4
     hidden, head, labels, weights = _inputs(seed=1, positions=k)
     x = hidden.clone().requires_grad_()
-    chunked_weighted_ce(x, head, labels, weights, 8, reach_block=k)[0].backward()
+    chunked_weighted_ce(x, head, labels, weights, LossOptions(8, block=k, weighting="reach"))[0].backward()
 
     y = hidden.clone().requires_grad_()
     logits = y @ head.t()
@@ -63,7 +63,7 @@ def test_the_factor_is_detached_and_excludes_the_position_itself():
 
     own = torch.cumprod(torch.exp(-ce.detach()), 1)
     with_own = (ce.detach() * weights.view(-1, k) * own).sum()
-    assert not torch.allclose(chunked_weighted_ce(hidden, head, labels, weights, 8, reach_block=k)[0],
+    assert not torch.allclose(chunked_weighted_ce(hidden, head, labels, weights, LossOptions(8, block=k, weighting="reach"))[0],
                               with_own.float(), atol=1e-6)
 
 
@@ -74,8 +74,8 @@ def test_first_position_is_always_reached():
     weights = weights.view(-1, k).clone()
     weights[:, 1:] = 0
     weights = weights.reshape(-1)
-    a, _ = chunked_weighted_ce(hidden, head, labels, weights, 10, reach_block=k)
-    b, _ = chunked_weighted_ce(hidden, head, labels, weights, 10)
+    a, _ = chunked_weighted_ce(hidden, head, labels, weights, LossOptions(10, block=k, weighting="reach"))
+    b, _ = chunked_weighted_ce(hidden, head, labels, weights, LossOptions(10))
     torch.testing.assert_close(a, b)
 
 
@@ -91,7 +91,7 @@ def test_even_chunks_hold_whole_blocks(rows, chunk, align):
 def test_rows_that_are_not_whole_blocks_are_refused():
     hidden, head, labels, weights = _inputs(positions=5)
     with pytest.raises(ValueError, match="whole blocks"):
-        chunked_weighted_ce(hidden[:-1], head, labels[:-1], weights[:-1], 8, reach_block=5)
+        chunked_weighted_ce(hidden[:-1], head, labels[:-1], weights[:-1], LossOptions(8, block=5, weighting="reach"))
 
 
 @pytest.mark.parametrize("last", [None, 3])

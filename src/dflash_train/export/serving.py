@@ -47,6 +47,8 @@ WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 MODELING_FILE = "modeling_dflash.py"
 ARCHITECTURE = "DFlashDraftModel"
 AUTO_MAP = {"AutoModel": f"{Path(MODELING_FILE).stem}.{ARCHITECTURE}"}
+ARCHITECTURES = {"dflash": ARCHITECTURE, "dflash2": "DFlash2DraftModel"}  # by DrafterConfig.kind
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # in dflash_config
 DEFAULT_MAX_POSITIONS = 32768  # same fallback as drafter.rope_inv_freq
 DEFAULT_EXPORT_DTYPE = torch.bfloat16  # what the authors and SpecForge ship
 AUX_LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -105,6 +107,23 @@ def serving_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
     names["norm.weight"] = (h,)
     names["fc.weight"] = (h, n * h)
     names["hidden_norm.weight"] = (h,)
+    if cfg.kind == "dflash2":
+        names.update(_dflash2_tensor_names(cfg))
+    return names
+
+
+def _dflash2_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """The DFlash2 additions, named as in the authors' checkpoints: each layer's two convolutions,
+    and the selector, whose codebooks are bare tensors (no ``.weight``)."""
+    h, k, r = cfg.hidden_size, cfg.conv_kernel_size, cfg.selector_rank
+    names: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.num_hidden_layers):
+        for conv in ("attention_conv", "mlp_conv"):
+            names[f"layers.{i}.{conv}.base_kernel"] = (2, k, h)
+            names[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * k * (h // cfg.conv_group_size), h)
+    names["candidate_selector.predecessor_codebook"] = (cfg.vocab_size, r)
+    names["candidate_selector.successor_codebook"] = (cfg.vocab_size, r)
+    names["candidate_selector.hidden_projection.weight"] = (r, h)
     return names
 
 
@@ -171,10 +190,14 @@ def serving_config(
     layer_types = list(cfg.layer_types)
     sliding = SLIDING_ATTENTION in layer_types
     dtype_name = _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    architecture = ARCHITECTURES[cfg.kind]
+    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
+    if cfg.kind == "dflash2":
+        dflash.update({k: getattr(cfg, k) for k in DFLASH2_KEYS})
     config: dict[str, Any] = {
-        "architectures": [ARCHITECTURE],
+        "architectures": [architecture],
         "model_type": "qwen3",
-        "auto_map": dict(AUTO_MAP),
+        "auto_map": {"AutoModel": f"{Path(MODELING_FILE).stem}.{architecture}"},
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_hidden_layers,
         "num_attention_heads": cfg.num_attention_heads,
@@ -195,7 +218,7 @@ def serving_config(
         "max_window_layers": cfg.num_hidden_layers,
         "block_size": cfg.block_size,
         "num_target_layers": cfg.num_target_layers,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)},
+        "dflash_config": dflash,
         AUX_LAYER_IDS_KEY: aux_hidden_state_layer_ids(cfg.target_layer_ids),
         "initializer_range": 0.02,
         "use_cache": True,
@@ -211,26 +234,9 @@ def serving_config(
     return config
 
 
-def drafter_config_from_serving(
-    config: Mapping[str, Any], source: str = CONFIG_FILE, num_target_layers: int | None = None
-) -> DrafterConfig:
-    """Build a :class:`DrafterConfig` from a serving ``config.json`` dict (unknown keys ignored)."""
-    dflash = config.get("dflash_config")
-    if not isinstance(dflash, Mapping):
-        raise ValueError(f"{source}: not a DFlash drafter config (no 'dflash_config' object)")
-    required = [
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "vocab_size",
-        "block_size",
-    ]
-    missing = [k for k in required if config.get(k) is None]
-    missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if dflash.get(k) is None]
-    if missing:
-        raise ValueError(f"{source}: missing required field(s) {missing}")
-    heads = int(config["num_attention_heads"])
+def _rope_from_serving(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, rope_scaling or None)`` from either spelling (``rope_theta``/``rope_scaling``
+    or transformers 5's ``rope_parameters``); a "default" scaling is no scaling."""
     rope_params = dict(config.get("rope_parameters") or {})
     theta = config.get("rope_theta")
     if theta is None:
@@ -242,7 +248,22 @@ def drafter_config_from_serving(
         scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
-    num_layers = int(config["num_hidden_layers"])
+    return float(theta), scaling or None
+
+
+def _check_serving_fields(config: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """The ``dflash_config`` object, after checking every required field and the vLLM layer ids."""
+    dflash = config.get("dflash_config")
+    if not isinstance(dflash, Mapping):
+        raise ValueError(f"{source}: not a DFlash drafter config (no 'dflash_config' object)")
+    required = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                "block_size"]
+    missing = [k for k in required if config.get(k) is None]
+    missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if dflash.get(k) is None]
+    if ARCHITECTURES["dflash2"] in (config.get("architectures") or ()):
+        missing += [f"dflash_config.{k}" for k in DFLASH2_KEYS if dflash.get(k) is None]
+    if missing:
+        raise ValueError(f"{source}: missing required field(s) {missing}")
     layer_ids = [int(i) for i in dflash["target_layer_ids"]]
     aux = config.get(AUX_LAYER_IDS_KEY)
     if aux is not None and [int(i) for i in aux] != aux_hidden_state_layer_ids(layer_ids):
@@ -250,6 +271,24 @@ def drafter_config_from_serving(
             f"{source}: {AUX_LAYER_IDS_KEY} {list(aux)} must be dflash_config.target_layer_ids + 1 = "
             f"{aux_hidden_state_layer_ids(layer_ids)}; vLLM reads it first, so it would serve other layers"
         )
+    return dflash
+
+
+def _dflash2_fields(dflash: Mapping[str, Any]) -> dict[str, Any]:
+    """``kind`` and the four DFlash2 shape keys: a ``dflash_config`` with ``conv_kernel_size`` is DFlash2."""
+    if dflash.get("conv_kernel_size") is None:
+        return {"kind": "dflash"}
+    return {"kind": "dflash2", **{k: int(dflash[k]) for k in DFLASH2_KEYS}}
+
+
+def drafter_config_from_serving(
+    config: Mapping[str, Any], source: str = CONFIG_FILE, num_target_layers: int | None = None
+) -> DrafterConfig:
+    """Build a :class:`DrafterConfig` from a serving ``config.json`` dict (unknown keys ignored)."""
+    dflash = _check_serving_fields(config, source)
+    heads, num_layers = int(config["num_attention_heads"]), int(config["num_hidden_layers"])
+    layer_ids = [int(i) for i in dflash["target_layer_ids"]]
+    theta, scaling = _rope_from_serving(config)
     cfg = DrafterConfig(
         num_hidden_layers=num_layers,
         block_size=int(config["block_size"]),
@@ -259,8 +298,8 @@ def drafter_config_from_serving(
         head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
         intermediate_size=int(config["intermediate_size"]),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
-        rope_scaling=scaling or None,
+        rope_theta=theta,
+        rope_scaling=scaling,
         max_position_embeddings=config.get("max_position_embeddings"),
         vocab_size=int(config["vocab_size"]),
         num_target_layers=config.get("num_target_layers", num_target_layers),
@@ -271,6 +310,7 @@ def drafter_config_from_serving(
         sliding_window=config.get("sliding_window"),
         attention_bias=bool(config.get("attention_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        **_dflash2_fields(dflash),
     )
     try:
         cfg.validate()

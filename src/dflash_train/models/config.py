@@ -13,6 +13,7 @@ from typing import Any
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
+DRAFTER_KINDS = ("dflash", "dflash2")
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -89,9 +90,33 @@ class DrafterConfig:
     sliding_window: int | None = None
     attention_bias: bool = False
     tie_word_embeddings: bool = False
+    # "dflash" or "dflash2" (dynamic convolutions + candidate selector, served as DFlash2DraftModel).
+    # The four fields below shape DFlash2 only; the defaults are the authors' (kernel 2, groups of 16
+    # channels, rank 256, top-16 candidates).
+    kind: str = "dflash"
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+
+    def _validate_dflash2(self) -> None:
+        if self.kind not in DRAFTER_KINDS:
+            raise ValueError(f"drafter.kind must be one of {list(DRAFTER_KINDS)}, got {self.kind!r}")
+        for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"drafter.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kind != "dflash2":
+            return
+        if self.conv_kernel_size > self.block_size:
+            raise ValueError(f"drafter.conv_kernel_size {self.conv_kernel_size} exceeds block_size {self.block_size}")
+        if self.hidden_size is not None and self.hidden_size % self.conv_group_size:
+            raise ValueError(f"drafter.conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
+        if self.vocab_size is not None and self.selector_top_k > self.vocab_size:
+            raise ValueError(f"drafter.selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field for any impossible combination."""
+        self._validate_dflash2()
         if self.num_hidden_layers < 1:
             raise ValueError(f"drafter.num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
         if self.block_size < 2:

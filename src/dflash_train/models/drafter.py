@@ -1,4 +1,4 @@
-"""The DFlash drafter network (docs/spec.md section 1). No training code lives here.
+"""The DFlash and DFlash2 drafter networks (docs/spec.md section 1). No training code lives here.
 
 This file imports nothing from the ``dflash_train`` package on purpose: ``export``
 copies it verbatim into the serving folder as the modeling file, so the model that
@@ -199,8 +199,125 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def is_dflash2(config) -> bool:
+    """DFlash2 (dynamic convolutions + candidate selector): our ``kind: dflash2``, or a serving
+    config whose ``dflash_config`` carries ``conv_kernel_size`` (``DFlash2DraftModel``)."""
+    kind = _cfg(config, "kind", None)
+    if kind is not None:
+        return kind == "dflash2"
+    return _cfg(config, "conv_kernel_size", None) is not None
+
+
+def grouped_causal_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, segment: int) -> torch.Tensor:
+    """``y[t] = sum_o (base[o] + delta[t, o, group]) * x[t - o]``, inside segments of ``segment`` slots.
+
+    ``x`` [b, q, h]; ``delta`` [b, q, K, g] (one dynamic coefficient per tap and group of
+    h/g channels, computed from the token at t); ``base`` [K, h] static taps. The q slots are
+    q/segment independent blocks: a tap never reads across a block boundary, so slot 0 of
+    every block reads zeros for o >= 1 (each block is drafted on its own at inference, where
+    nothing precedes its anchor slot). With base = [1, 0, ...] and delta = 0 this is exactly
+    the identity, which is why an untrained DFlash2 equals DFlash.
+    """
+    b, q, h = x.shape
+    taps, groups = delta.shape[-2], delta.shape[-1]
+    blocks = x.view(b, q // segment, segment, groups, h // groups)
+    delta = delta.view(b, q // segment, segment, taps, groups, 1)
+    out = torch.zeros_like(blocks)
+    for o in range(taps):
+        shifted = blocks if o == 0 else F.pad(blocks[:, :, :-o], (0, 0, 0, 0, o, 0))
+        out = out + base[o].view(groups, h // groups).to(x.dtype) * shifted
+        out = torch.addcmul(out, delta[:, :, :, o], shifted)
+    return out.view(b, q, h)
+
+
+class GroupedDynamicCausalConv(nn.Module):
+    """Two causal convolutions around one sublayer: ``prepare`` on its normed input, ``finish`` on
+    its output (before the residual add). Both dynamic parts come from the sublayer's input.
+
+    ``base_kernel`` [2, K, h] (prepare, finish); ``kernel_projection`` h -> 2 * K * groups, the
+    authors' names and shapes. Identity at initialization: tap 0 = 1, the others 0, projection 0.
+    """
+
+    def __init__(self, hidden: int, kernel_size: int, group_size: int):
+        super().__init__()
+        self.kernel_size, self.groups = kernel_size, hidden // group_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+            self.kernel_projection.weight.zero_()
+
+    def prepare(self, x: torch.Tensor, segment: int) -> tuple[torch.Tensor, torch.Tensor]:
+        delta = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
+        return grouped_causal_conv(x, delta[..., 0, :, :], self.base_kernel[0], segment), delta[..., 1, :, :]
+
+    def finish(self, x: torch.Tensor, delta: torch.Tensor, segment: int) -> torch.Tensor:
+        return grouped_causal_conv(x, delta, self.base_kernel[1], segment)
+
+
+class CandidateSelector(nn.Module):
+    """Scores a slot's top-k candidates given the token before it:
+    ``S(a, b) = U(b) + <A[a] * P h, B[b]>`` with U the drafter's logit of b, A/B rank-r
+    codebooks (``predecessor_codebook``/``successor_codebook``), P ``hidden_projection``.
+    B starts at zero, so an untrained selector ranks by the logits alone (DFlash's argmax)."""
+
+    def __init__(self, config):
+        super().__init__()
+        rank, vocab = int(_cfg(config, "selector_rank")), _cfg(config, "vocab_size")
+        self.top_k = int(_cfg(config, "selector_top_k"))
+        # Plain [vocab, r] parameters, not nn.Embedding: the served tensors are named
+        # ``candidate_selector.{predecessor,successor}_codebook`` with no ``.weight`` (the authors').
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.hidden_projection = nn.Linear(_cfg(config, "hidden_size"), rank, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            nn.init.normal_(self.predecessor_codebook, std=1.0)
+            self.successor_codebook.zero_()
+
+    def scores(self, projected, unary, candidates, predecessors) -> torch.Tensor:
+        """``projected`` [..., r] = P h, ``unary``/``candidates`` [..., k], ``predecessors`` [...]: S [..., k]."""
+        pair = F.embedding(predecessors, self.predecessor_codebook) * projected
+        succ = F.embedding(candidates, self.successor_codebook)
+        return unary + (succ * pair.unsqueeze(-2).to(succ.dtype)).sum(-1).to(unary.dtype)
+
+
+def selector_walk(selector: CandidateSelector, hidden, logits, anchor_ids, temperature: float = 0.0, generator=None):
+    """The DFlash2 draft path: a sequential walk over each slot's top-k candidates.
+
+    ``hidden`` [b, P, h] final-normed states of the P draft slots (the anchor slot excluded),
+    ``logits`` [b, P, vocab] their logits, ``anchor_ids`` [b] the verified token before slot 1.
+    Slot j's predecessor is the token the walk chose at slot j - 1. Greedy (temperature 0)
+    takes argmax S; otherwise a draw from softmax(S / T), whose row q (over the k candidates)
+    the rejection sampler needs. Returns ``(path [b, P], candidates [b, P, k], q [b, P, k] or None)``.
+    """
+    unary, candidates = torch.topk(logits.float(), selector.top_k, dim=-1)
+    projected = selector.hidden_projection(hidden)
+    predecessor, path, q_rows = anchor_ids, [], []
+    for slot in range(hidden.shape[1]):
+        s = selector.scores(projected[:, slot], unary[:, slot], candidates[:, slot], predecessor)
+        if temperature > 0:
+            q = torch.softmax(s.float() / temperature, dim=-1)
+            index = torch.multinomial(q, 1, generator=generator)[:, 0]
+            q_rows.append(q)
+        else:
+            index = s.argmax(dim=-1)
+        predecessor = candidates[:, slot].gather(-1, index[:, None])[:, 0]
+        path.append(predecessor)
+    return torch.stack(path, dim=1), candidates, (torch.stack(q_rows, dim=1) if q_rows else None)
+
+
 class DFlashDecoderLayer(nn.Module):
-    """Qwen3-style pre-norm block whose attention also sees the context features."""
+    """Qwen3-style pre-norm block whose attention also sees the context features.
+
+    DFlash2 adds ``attention_conv``/``mlp_conv`` (None for DFlash) around each sublayer.
+    """
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -209,14 +326,33 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = SwiGLU(hidden, _cfg(config, "intermediate_size"))
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.attention_conv = self.mlp_conv = None
+        if is_dflash2(config):
+            kernel, group = int(_cfg(config, "conv_kernel_size")), int(_cfg(config, "conv_group_size"))
+            self.attention_conv = GroupedDynamicCausalConv(hidden, kernel, group)
+            self.mlp_conv = GroupedDynamicCausalConv(hidden, kernel, group)
 
-    def forward(self, hidden, context, q_rope, ctx_rope, mask, cache=None):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), context, q_rope, ctx_rope, mask, cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    @staticmethod
+    def _around(conv, sublayer, x, segment):
+        if conv is None:
+            return sublayer(x)
+        x, delta = conv.prepare(x, segment)
+        return conv.finish(sublayer(x), delta, segment)
+
+    def forward(self, hidden, context, q_rope, ctx_rope, mask, cache=None, segment=None):
+        """``segment``: slots per block (DFlash2's convolutions stay inside a block)."""
+        def attn(x):
+            return self.self_attn(x, context, q_rope, ctx_rope, mask, cache)
+
+        hidden = hidden + self._around(self.attention_conv, attn, self.input_layernorm(hidden), segment)
+        return hidden + self._around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden), segment)
 
 
 class DFlashDrafter(nn.Module):
     """N decoder layers + ``fc``/``hidden_norm`` over target features + final ``norm``.
+
+    A DFlash2 config (``is_dflash2``) adds each layer's two convolutions and the
+    ``candidate_selector``; decoding then walks the candidates (``selector_walk``).
 
     The target's embedding and lm_head are not part of this module: the caller embeds
     the block tokens and applies the frozen lm_head to the returned hidden states.
@@ -237,6 +373,15 @@ class DFlashDrafter(nn.Module):
         self.fc = nn.Linear(num_features * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.candidate_selector = CandidateSelector(config) if is_dflash2(config) else None
+
+    def conv_segment(self, num_slots: int) -> int:
+        """Slots per convolution segment: whole blocks, or one shorter final block (inference)."""
+        if num_slots % self.block_size == 0:
+            return self.block_size
+        if num_slots < self.block_size:
+            return num_slots
+        raise ValueError(f"{num_slots} block slots are neither whole blocks of {self.block_size} nor one shorter block")
 
     def project_context(self, target_features: torch.Tensor) -> torch.Tensor:
         """[b, s, n*h] concatenated target hidden states -> [b, s, h] context (once per forward)."""
@@ -262,7 +407,8 @@ class DFlashDrafter(nn.Module):
         q_rope = self.rotary_emb(block_positions, block_embeds.dtype)
         ctx_rope = self.rotary_emb(context_positions, block_embeds.dtype)
         hidden = block_embeds
+        segment = self.conv_segment(hidden.shape[1]) if self.candidate_selector is not None else None
         for layer, layer_type in zip(self.layers, self.layer_types):
             mask = masks.get(layer_type) if isinstance(masks, dict) else masks
-            hidden = layer(hidden, context, q_rope, ctx_rope, mask, cache)
+            hidden = layer(hidden, context, q_rope, ctx_rope, mask, cache, segment)
         return self.norm(hidden)

@@ -27,12 +27,14 @@ the two lm_head products.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def _reach(ce: torch.Tensor, block_positions: int) -> torch.Tensor:
@@ -51,27 +53,49 @@ def _reach(ce: torch.Tensor, block_positions: int) -> torch.Tensor:
     return torch.cat([torch.ones_like(reached[:, :1]), reached[:, :-1]], dim=1).reshape(-1)
 
 
-def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool, reach_block: int = 0):
+def _dpace(ce: torch.Tensor, mask: torch.Tensor, block_positions: int, alpha: float) -> torch.Tensor:
+    """D-PACE's position weights (arXiv 2605.18810), per block of ``block_positions`` rows.
+
+    q_k = exp(-CE_k) (detached), s_k = (1 - alpha) q_k + alpha (1 where masked), C_j = prod_{i<=j} s_i,
+    w_k = m_k * sum_{j>=k} m_j C_j. With alpha = 0, sum_j C_j is the expected accepted length
+    and w_k its derivative with respect to log q_k: a position weighs as much as everything after it
+    that its acceptance unlocks. ``train.reach_weighting`` weighs by the probability of *reaching* k
+    (prod_{i<k} q_i) alone; D-PACE adds the tail, and alpha keeps late positions from vanishing early on.
+    """
+    q = torch.exp(-ce.detach()).view(-1, block_positions)
+    m = mask.view(-1, block_positions)
+    cumulative = torch.cumprod(torch.where(m > 0, (1 - alpha) * q + alpha, torch.ones_like(q)), dim=1)
+    tail = torch.flip(torch.cumsum(torch.flip(m * cumulative, [1]), dim=1), [1])
+    return (m * tail).reshape(-1)
+
+
+def _chunk_forward(hidden, lm_head, labels, weights, want_grad: bool, block: int = 0, weighting: str = "decay",
+                   alpha: float = 0.5, top_k: int = 0):
     """One chunk: weighted CE sum, argmax, and (optionally) d(sum w*CE)/d(hidden).
 
     The lm_head is frozen, so the only gradient needed is the input gradient
     ``(softmax - onehot) * w @ W``; computing it here, while the logits exist, saves
     rebuilding them in backward (a third lm_head pass under plain checkpointing).
-    ``reach_block`` > 0 (``train.reach_weighting``): the chunk holds whole blocks of that many
-    positions, and each weight is multiplied by ``_reach`` before the sum and the gradient.
+    ``weighting`` "reach" / "dpace" (the chunk holds whole blocks of ``block`` positions):
+    each weight times ``_reach``, or replaced by ``_dpace`` of the label mask (weights > 0).
+    Also returns the weights used (detached) and, with ``top_k`` > 0, each row's top-k
+    candidate ids (DFlash2's selector scores them).
     """
     logits = (hidden.to(lm_head.dtype) @ lm_head.t()).float()
     lse = torch.logsumexp(logits, dim=-1)
     ce = lse - logits.gather(1, labels.unsqueeze(1)).squeeze(1)
     argmax = logits.argmax(dim=-1)
-    if reach_block:
-        weights = weights * _reach(ce, reach_block)
+    if weighting == "reach":
+        weights = weights * _reach(ce, block)
+    elif weighting == "dpace":
+        weights = _dpace(ce, (weights > 0).float(), block, alpha)
+    candidates = torch.topk(logits, top_k, dim=-1).indices if top_k else None
     grad = None
     if want_grad:
         probs = torch.exp(logits - lse.unsqueeze(1))
         probs.scatter_add_(1, labels.unsqueeze(1), -torch.ones_like(lse).unsqueeze(1))
         grad = (probs * weights.unsqueeze(1)).to(lm_head.dtype) @ lm_head
-    return (ce * weights).sum(), argmax, grad
+    return (ce * weights).sum(), argmax, grad, weights, candidates
 
 
 def _soft_targets(target_hidden, lm_head, labels, distill: float) -> torch.Tensor:
@@ -97,7 +121,7 @@ def _chunk_forward_soft(hidden, lm_head, labels, weights, want_grad: bool, targe
     if want_grad:  # softmax - q in the logits' own storage: one [chunk, vocab] buffer less at the peak
         probs = logits.sub_(lse.unsqueeze(1)).exp_().sub_(q)
         grad = (probs * weights.unsqueeze(1)).to(lm_head.dtype) @ lm_head
-    return (ce * weights).sum(), argmax, grad
+    return (ce * weights).sum(), argmax, grad, weights, None
 
 
 class _CompiledOrEager:
@@ -125,6 +149,41 @@ def _compiled(fn):
     return _CompiledOrEager(fn)
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """How the chunked loss runs (was nine positional arguments; issue 37 point 4).
+
+    ``chunk_size``: rows of logits alive at once. ``distill`` > 0: soft targets (``train.distill``).
+    ``compiled``: each chunk through ``torch.compile`` (the trainer's choice on CUDA).
+    ``block``: rows come in blocks of this many consecutive positions (needed by "reach"/"dpace";
+    chunks then hold whole blocks). ``weighting``: "decay" (the given weights), "reach"
+    (``train.reach_weighting``: times ``_reach``), "dpace" (``train.objective: dpace``: ``_dpace`` of
+    the label mask replaces them). ``top_k`` > 0: also return each row's top-k candidate ids.
+    """
+
+    chunk_size: int = 4096
+    distill: float = 0.0
+    compiled: bool = False
+    block: int = 0
+    weighting: str = "decay"
+    dpace_alpha: float = 0.5
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"loss weighting must be one of {list(WEIGHTINGS)}, got {self.weighting!r}")
+        if self.weighting != "decay" and self.block < 1:
+            raise ValueError(f"weighting {self.weighting!r} needs the block length (block >= 1)")
+        if self.weighting != "decay" and self.distill > 0:
+            other = "train.reach_weighting" if self.weighting == "reach" else "train.objective=dpace"
+            raise ValueError(f"train.distill > 0 does not combine with {other}")
+        if not 0.0 <= self.dpace_alpha <= 1.0:
+            raise ValueError(f"train.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
+
+
+WEIGHTINGS = ("decay", "reach", "dpace")
+
+
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """sum(w * CE(hidden @ W^T, labels)) with W frozen, chunk by chunk.
 
@@ -133,29 +192,32 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, lm_head, labels, weights, chunk_size, target_hidden=None, distill=0.0,
-                compiled=False, reach_block=0):
+    def forward(ctx, hidden, lm_head, labels, weights, opts: LossOptions, target_hidden=None):
         want_grad = hidden.requires_grad
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        argmaxes, grads = [], []
+        outs = []
         chunk_fn = _chunk_forward if target_hidden is None else _chunk_forward_soft
-        chunk_fn = _compiled(chunk_fn) if compiled else chunk_fn
-        for start in range(0, hidden.shape[0], chunk_size):
-            part = slice(start, start + chunk_size)
-            extra = (reach_block,) if target_hidden is None else (target_hidden[part], distill)
-            loss, argmax, grad = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *extra)
+        chunk_fn = _compiled(chunk_fn) if opts.compiled else chunk_fn
+        chunk = _even_chunk(hidden.shape[0], opts.chunk_size, max(1, opts.block))
+        for start in range(0, hidden.shape[0], chunk):
+            part = slice(start, start + chunk)
+            extra = ((opts.block, opts.weighting, opts.dpace_alpha, opts.top_k) if target_hidden is None
+                     else (target_hidden[part], opts.distill))
+            loss, *rest = chunk_fn(hidden[part], lm_head, labels[part], weights[part], want_grad, *extra)
             total = total + loss
-            argmaxes.append(argmax)
-            grads.append(grad)
+            outs.append(rest)
+        argmax, grads, used, cands = (list(x) for x in zip(*outs))
         if want_grad:
             ctx.save_for_backward(torch.cat(grads).to(hidden.dtype))
-        ctx.mark_non_differentiable(argmaxes[0])
-        return total, torch.cat(argmaxes)
+        argmax, used = torch.cat(argmax), torch.cat(used)
+        cands = torch.cat(cands) if opts.top_k else torch.zeros(0, dtype=torch.long, device=hidden.device)
+        ctx.mark_non_differentiable(argmax, used, cands)
+        return total, argmax, used, cands
 
     @staticmethod
-    def backward(ctx, grad_total, _grad_argmax):
+    def backward(ctx, grad_total, *_unused):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None
 
 
 def chunked_weighted_ce(
@@ -163,35 +225,35 @@ def chunked_weighted_ce(
     lm_head: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor,
-    chunk_size: int = 4096,
+    opts: LossOptions | None = None,
     target_hidden: torch.Tensor | None = None,
-    distill: float = 0.0,
-    compiled: bool = False,
-    reach_block: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(sum_i w_i * CE_i, argmax_i)`` over flattened positions.
+    """Return ``(sum_i w_i * CE_i, argmax_i)`` over flattened positions (see :func:`chunked_ce_parts`)."""
+    total, argmax, _, _ = chunked_ce_parts(hidden, lm_head, labels, weights, opts, target_hidden)
+    return total, argmax
+
+
+def chunked_ce_parts(hidden, lm_head, labels, weights, opts: LossOptions | None = None, target_hidden=None):
+    """``(sum_i w_i * CE_i, argmax_i, w_i used, top-k candidate ids or an empty tensor)``.
 
     ``hidden`` [n, h], ``lm_head`` [vocab, h] (frozen), ``labels``/``weights`` [n].
-    Full (n x vocab) logits never exist: at most ``chunk_size`` rows at a time.
+    Full (n x vocab) logits never exist: at most ``opts.chunk_size`` rows at a time.
     ``target_hidden`` [n, h] (``train.distill`` > 0): the target's final hidden state at
     the position predicting each label; CE_i is then against the soft target
     ``(1 - distill) * onehot + distill * softmax(target_hidden_i @ W^T)`` (no gradient
-    flows into the target's side). ``compiled``: each chunk through ``torch.compile`` (the
-    trainer's choice on CUDA; same values up to float rounding). ``reach_block`` > 0: the rows
-    are blocks of that many consecutive positions, and w_i is multiplied by the drafter's
-    probability of reaching position i (``_reach``; chunks then hold whole blocks).
+    flows into the target's side). The weights used are the given ones ("decay"), times the
+    reach probability ("reach"), or D-PACE's ("dpace"); they are detached.
     """
+    opts = opts or LossOptions()
     if lm_head.requires_grad:
         raise ValueError("the lm_head is frozen in DFlash training; got one that requires grad")
     if target_hidden is not None:
         target_hidden = target_hidden.detach()
-        if reach_block:
-            raise ValueError("train.reach_weighting does not combine with train.distill")
-    if reach_block and hidden.shape[0] % reach_block:
-        raise ValueError(f"{hidden.shape[0]} rows are not whole blocks of {reach_block} positions")
-    chunk = _even_chunk(hidden.shape[0], chunk_size, max(1, reach_block))
-    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), chunk, target_hidden,
-                                            float(distill), compiled, int(reach_block))
+        if opts.weighting != "decay" or opts.top_k:
+            raise ValueError("train.distill combines with neither reach/D-PACE weighting nor the DFlash2 selector")
+    if opts.block and hidden.shape[0] % opts.block:
+        raise ValueError(f"{hidden.shape[0]} rows are not whole blocks of {opts.block} positions")
+    return _ChunkedLinearCrossEntropy.apply(hidden, lm_head, labels, weights.float(), opts, target_hidden)
 
 
 def _even_chunk(rows: int, chunk_size: int, align: int = 1) -> int:
@@ -208,10 +270,25 @@ def _even_chunk(rows: int, chunk_size: int, align: int = 1) -> int:
 class LossOutput:
     """Sums, not means: the caller normalizes by the global weight of the step."""
 
-    weighted_ce: torch.Tensor  # scalar, sum of w * CE
-    weight_sum: torch.Tensor  # scalar, sum of w
-    correct: torch.Tensor  # [rows, A, K] bool, argmax == label (positions 1..K; K = B-1 unless limited)
+    weighted_ce: torch.Tensor  # scalar, sum of w * CE (+ the DFlash2 selector's sum of w * CE)
+    weight_sum: torch.Tensor  # scalar, sum of w (D-PACE: the number of labels, see dflash_loss)
+    correct: torch.Tensor  # [rows, A, K] bool, the draft equals the label (positions 1..K; K = B-1 unless limited)
     valid: torch.Tensor  # [rows, A, K] bool
+    selector_ce: torch.Tensor | None = None  # DFlash2: the selector's share of weighted_ce (for logging)
+
+
+OUT_OF_TOPK = ("exclude", "inject")
+
+
+@dataclass(frozen=True)
+class SelectorTargets:
+    """What DFlash2's selector CE needs besides the hidden states: the selector module, each block's
+    anchor token ([rows, A]: slot 1's predecessor) and what to do where the label is not among
+    the top-k candidates (``train.selector_out_of_topk``, see :func:`selector_ce`)."""
+
+    selector: torch.nn.Module
+    anchor_ids: torch.Tensor
+    out_of_topk: str = "exclude"
 
 
 def dflash_loss(
@@ -220,12 +297,10 @@ def dflash_loss(
     labels: torch.Tensor,
     weights: torch.Tensor,
     valid: torch.Tensor,
-    chunk_size: int = 4096,
+    opts: LossOptions | None = None,
     target_hidden: torch.Tensor | None = None,
-    distill: float = 0.0,
-    compiled: bool = False,
     last_position: int | None = None,
-    reach_weighting: bool = False,
+    selector: SelectorTargets | None = None,
 ) -> LossOutput:
     """Loss pieces of one micro-batch. ``hidden`` [rows, A*B, h]; labels/weights/valid [rows, A, B].
 
@@ -234,20 +309,83 @@ def dflash_loss(
     ``blocks.predicting_positions``). ``last_position`` (None: B - 1): only positions
     1..last_position reach the lm_head (their labels must be the only valid ones: the
     blocks were built with the same limit); ``correct``/``valid`` then have that many.
-    ``reach_weighting``: each weight times the drafter's probability of reaching that position
-    (``_reach``); ``weight_sum`` stays the sum of the plain weights (what the trainer divides by)."""
+    ``opts.weighting``: "reach" multiplies each weight by the drafter's probability of reaching
+    the position; ``weight_sum`` stays the sum of the plain weights (what the trainer divides by).
+    "dpace" replaces the decay by D-PACE's weights and ``weight_sum`` is the number of labels:
+    a count fixed by the data, like the plain weights' sum, so the trainer's global normalizer
+    stays independent of the drafter's own (detached) confidence and equal across micro-batches
+    and ranks; normalizing by sum(m * w) instead would rescale every step by the model's current
+    acceptance and undo the emphasis D-PACE puts on confident blocks.
+    ``selector`` (DFlash2): adds the selector CE (:func:`selector_ce`) with the same weights, and
+    ``correct`` then compares the selector's teacher-forced pick (what decoding emits) to the label.
+    """
+    opts = opts or LossOptions()
     rows, num_blocks, block_size = labels.shape
     end = block_size if last_position is None else last_position + 1
     hidden = hidden.view(rows, num_blocks, block_size, -1)[:, :, 1:end]
-    labels, weights, valid = labels[:, :, 1:end], weights[:, :, 1:end], valid[:, :, 1:end]
+    full_labels, labels, weights, valid = labels, labels[:, :, 1:end], weights[:, :, 1:end], valid[:, :, 1:end]
     if target_hidden is not None:
         target_hidden = target_hidden[:, :, : end - 1].reshape(-1, target_hidden.shape[-1])
-    weighted_ce, argmax = chunked_weighted_ce(
-        hidden.reshape(-1, hidden.shape[-1]), lm_head, labels.reshape(-1), weights.reshape(-1), chunk_size,
-        target_hidden, distill, compiled, (end - 1) if reach_weighting else 0,
-    )
-    correct = (argmax.view_as(labels) == labels) & valid
-    return LossOutput(weighted_ce, weights.sum(), correct, valid)
+    block = (end - 1) if opts.weighting != "decay" else 0
+    opts = dataclasses.replace(opts, block=block, top_k=selector.selector.top_k if selector else 0)
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    weighted_ce, argmax, used, candidates = chunked_ce_parts(flat_hidden, lm_head, labels.reshape(-1),
+                                                             weights.reshape(-1), opts, target_hidden)
+    weight_sum = valid.sum().float() if opts.weighting == "dpace" else weights.sum()
+    if selector is None:
+        return LossOutput(weighted_ce, weight_sum, (argmax.view_as(labels) == labels) & valid, valid)
+    predecessors = torch.cat([selector.anchor_ids.unsqueeze(-1), full_labels[:, :, 1 : end - 1]], dim=-1)
+    sel_sum, picks = selector_ce(selector.selector, flat_hidden, lm_head, labels.reshape(-1), predecessors.reshape(-1),
+                                 candidates, used, selector.out_of_topk, opts.chunk_size)
+    correct = (picks.view_as(labels) == labels) & valid
+    return LossOutput(weighted_ce + sel_sum, weight_sum, correct, valid, sel_sum.detach())
+
+
+def _selector_scores(selector, hidden, lm_head, candidates, predecessors):
+    """S over the candidates of a chunk of rows; U is the drafter's logit of each candidate, built
+    from the k lm_head rows only (its gradient reaches the drafter through ``hidden``)."""
+    unary = torch.einsum("nh,nkh->nk", hidden.to(lm_head.dtype), lm_head[candidates]).float()
+    return selector.scores(selector.hidden_projection(hidden), unary, candidates, predecessors).float()
+
+
+def selector_ce(selector, hidden, lm_head, labels, predecessors, candidates, weights, out_of_topk="exclude",
+                chunk_size=4096):
+    """DFlash2's selector loss: ``sum_i w_i * CE(S_i, index of label_i among the candidates)``, and
+    each row's greedy pick, with the predecessor teacher-forced (the label before; slot 1: the anchor).
+
+    ``candidates`` [n, k] come from the drafter's logits, best first (``chunked_ce_parts``).
+    A label outside its top-k: ``out_of_topk="exclude"`` (the default, as NeMo) drops the row from
+    this term; "inject" (SpecForge, speculators) puts the label in the last (lowest-logit) slot.
+    Why exclude by default: decoding only ever ranks the top-k of the drafter's own logits, so
+    an injected label trains S on candidate sets the walk never sees, and the only thing it could
+    teach (raise the label's logit into the top-k) the base CE already teaches; excluding keeps
+    the selector's training distribution equal to its decoding one. Which measures better on a
+    GPU run is still open (issue 35). Chunks run under checkpointing: the gathered [chunk, k, h]
+    lm_head rows exist one chunk at a time, in backward too.
+    """
+    if out_of_topk not in OUT_OF_TOPK:
+        raise ValueError(f"train.selector_out_of_topk must be one of {list(OUT_OF_TOPK)}, got {out_of_topk!r}")
+    hit = candidates == labels.unsqueeze(-1)
+    present = hit.any(-1)
+    if out_of_topk == "inject":
+        candidates = candidates.clone()
+        candidates[:, -1] = torch.where(present, candidates[:, -1], labels)
+        hit = candidates == labels.unsqueeze(-1)
+        row_weights = weights
+    else:
+        row_weights = weights * present
+    target = hit.long().argmax(-1)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    picks = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        part = slice(start, start + chunk_size)
+        scores = checkpoint(_selector_scores, selector, hidden[part], lm_head, candidates[part], predecessors[part],
+                            use_reentrant=False)
+        ce = F.cross_entropy(scores, target[part], reduction="none")
+        total = total + (ce * row_weights[part]).sum()
+        picks.append(candidates[part].gather(1, scores.detach().argmax(-1, keepdim=True)).squeeze(1))
+    picks = torch.cat(picks)
+    return total, torch.where(present, picks, torch.full_like(picks, -1))
 
 
 def reference_loss(hidden, lm_head, labels, weights, valid, reach: bool = False) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from dflash_train.models.attention import build_masks
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.objective.blocks import Blocks, build_blocks, check_loss_positions, predicting_states
-from dflash_train.objective.loss import LossOutput, dflash_loss
+from dflash_train.objective.loss import LossOptions, LossOutput, SelectorTargets, dflash_loss
 
 
 @dataclass
@@ -31,11 +31,25 @@ class ObjectiveOptions:
     # Each position's weight times the drafter's detached probability of reaching it in verification
     # (train.reach_weighting; objective/loss._reach).
     reach_weighting: bool = False
+    # "ce" or "dpace" (train.objective): D-PACE's weights replace the decay (objective/loss._dpace)
+    objective: str = "ce"
+    dpace_alpha: float = 0.5
+    # DFlash2's selector CE where the label is not among the top-k (train.selector_out_of_topk)
+    selector_out_of_topk: str = "exclude"
 
     def __post_init__(self):
         check_loss_positions(self.loss_positions, self.block_size)
-        if self.reach_weighting and self.distill > 0:
-            raise ValueError("train.reach_weighting does not combine with train.distill > 0")
+        self.loss_options()  # validates the combination (weighting, distill, alpha)
+
+    def loss_options(self) -> LossOptions:
+        """The chunked loss's options: D-PACE, reach or plain decay weighting."""
+        if self.objective not in ("ce", "dpace"):
+            raise ValueError(f"train.objective must be 'ce' or 'dpace', got {self.objective!r}")
+        if self.objective == "dpace" and self.reach_weighting:
+            raise ValueError("train.objective=dpace does not combine with train.reach_weighting")
+        weighting = "dpace" if self.objective == "dpace" else ("reach" if self.reach_weighting else "decay")
+        return LossOptions(self.loss_chunk_size, self.distill, self.compiled_loss, block=self.block_size - 1,
+                           weighting=weighting, dpace_alpha=self.dpace_alpha)
 
     @property
     def last_position(self) -> int:
@@ -79,5 +93,12 @@ def drafter_loss(
         context_positions = torch.arange(seq, device=features.device).expand(rows, seq)
     hidden = drafter(block_embeds, features, blocks.positions, context_positions, masks)
     soft = predicting_states(blocks, target_hidden) if opts.distill > 0 else None
-    return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_chunk_size, soft,
-                       opts.distill, opts.compiled_loss, opts.last_position, opts.reach_weighting)
+    selector = getattr(drafter, "candidate_selector", None)  # DFlash2 (through a DDP wrapper: .module)
+    if selector is None and hasattr(drafter, "module"):
+        selector = getattr(drafter.module, "candidate_selector", None)
+    targets = None
+    if selector is not None:
+        anchor_ids = blocks.tokens.view(*blocks.labels.shape)[..., 0]
+        targets = SelectorTargets(selector, anchor_ids, opts.selector_out_of_topk)
+    return dflash_loss(hidden, lm_head, blocks.labels, blocks.weights, blocks.valid, opts.loss_options(), soft,
+                       opts.last_position, targets)
