@@ -18,6 +18,7 @@ COMMANDS = [
     "dflash_train.eval.cli",
     "dflash_train.bench.cli",
     "dflash_train.distributed.cli",
+    "dflash_train.config_cli",
 ]
 
 
