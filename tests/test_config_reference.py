@@ -71,7 +71,7 @@ class Inner:
 class Sample:
     """Sample section."""
 
-    plain: int = 1
+    plain: int = 1  # noqa: B008  (a pragma is no meaning)
     beside: str = "#"  # the separator; a '#' inside the default is not a comment
     # above, line one
     # above, line two
@@ -97,6 +97,12 @@ def test_field_comments_cover_every_layout():
         "spread": "inside the call",
         "mode": "stars * and ~tilde~ and <tag> and pipe |",
     }
+
+
+def test_a_dataclass_without_source_has_no_comments():
+    made = dataclasses.make_dataclass("Made", [("x", int, field(default=1))])
+    assert ref.field_comments(made) == {}
+    assert [(k.name, k.type, k.default, k.help) for k in ref.iter_keys(made, "m")] == [("m.x", "int", "1", "")]
 
 
 def test_iter_keys_walks_nested_dataclasses_and_writes_defaults_as_yaml():

@@ -44,17 +44,23 @@ class Key:
     help: str  # the source comment, or "" when there is none
 
 
+# Comments addressed to tools, not readers: never a key's meaning.
+PRAGMA = re.compile(r"^(noqa\b|type:|pragma:|fmt:|pyright:|ruff:|mypy:)")
+
+
 def _comment_lines(source: str) -> tuple[dict[int, str], set[int]]:
     """Each line's comment text (1-based line numbers) and the lines that hold only a comment."""
     comments: dict[int, str] = {}
     only_comment: set[int] = set()
     lines = source.splitlines()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            row = tok.start[0]
-            comments[row] = tok.string.lstrip("#").strip()
-            if not lines[row - 1][: tok.start[1]].strip():
-                only_comment.add(row)
+        text = tok.string.lstrip("#").strip()
+        if tok.type != tokenize.COMMENT or PRAGMA.match(text):
+            continue
+        row = tok.start[0]
+        comments[row] = text
+        if not lines[row - 1][: tok.start[1]].strip():
+            only_comment.add(row)
     return comments, only_comment
 
 
@@ -75,7 +81,10 @@ def field_comments(cls: type) -> dict[str, str]:
     The block of comment lines directly above a field comes first, then any comment on the
     field's own lines (a field may span several lines); lines join with spaces.
     """
-    source = textwrap.dedent(inspect.getsource(cls))
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # made at run time (dataclasses.make_dataclass): no source, no comments
+        return {}
     comments, only_comment = _comment_lines(source)
     class_node = ast.parse(source).body[0]
     found = {}
@@ -247,7 +256,8 @@ def keys_epilog(width: int = 100) -> str:
     for name, cls in sections():
         keys = ", ".join(key.name[len(name) + 1:] for key in iter_keys(cls, name))
         lines += textwrap.wrap(keys, width=width, initial_indent=f"  {name}: ",
-                               subsequent_indent=" " * (len(name) + 4), break_on_hyphens=False)
+                               subsequent_indent=" " * (len(name) + 4), break_on_hyphens=False,
+                               break_long_words=False)
     return "\n".join(lines)
 
 
