@@ -20,6 +20,7 @@ COMMANDS = [
     "dflash_train.eval.cli",
     "dflash_train.bench.cli",
     "dflash_train.distributed.cli",
+    "dflash_train.config_cli",
 ]
 
 
