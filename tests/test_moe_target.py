@@ -156,6 +156,7 @@ def trained(tmp_path_factory):
     return root, steps
 
 
+@pytest.mark.slow  # three short training runs
 def test_moe_training_learns_and_resumes_exactly(trained):
     root, steps = trained
     full, split = losses(root / "full" / "run"), losses(root / "split" / "run")
@@ -168,6 +169,7 @@ def test_moe_training_learns_and_resumes_exactly(trained):
         torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", "static"])
 def test_moe_export_and_lossless_eval(trained, tmp_path, engine):
     """The trained drafter exported, then ``dflash-train eval`` on the MoE target loaded from a

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dflash_train.train.compilation import cache_result
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -68,6 +70,7 @@ def test_cache_result_from_counts():
     assert cache_result(lookups(0, 0, bypass=1)) == "miss"
 
 
+@pytest.mark.slow  # two processes each compiling a forward and a backward graph
 def test_fresh_cache_misses_then_a_fresh_process_hits(tmp_path):
     cache = tmp_path / "inductor"
     cold = _run(tmp_path, cache, "cold")
