@@ -85,6 +85,7 @@ class Target(nn.Module):
     def __init__(self, model: nn.Module, tokenizer=None):
         super().__init__()
         model.eval().requires_grad_(False)
+        _no_router_outputs(model)
         self.model = model
         self.tokenizer = tokenizer
         self.facts = target_facts(model.config)
@@ -205,6 +206,18 @@ class Target(nn.Module):
         with self._capture(layer_ids, truncate=False) as captured:
             out = self.model(**kwargs)
         return out, torch.cat([captured[i] for i in layer_ids], dim=-1)
+
+
+def _no_router_outputs(model: nn.Module) -> None:
+    """Mixture-of-experts targets: turn off ``output_router_logits`` (some fine-tuned checkpoints
+    save it on). It makes HF's forward keep every layer's router logits and add the router
+    aux loss, which trains routers: a frozen target never needs either, and that loss reads
+    the attention mask as [batch, seq], so it fails on the 4D masks of packed rows and the
+    static decoder."""
+    config = model.config
+    for cfg in (config, config.get_text_config() if hasattr(config, "get_text_config") else config):
+        if getattr(cfg, "output_router_logits", False):
+            cfg.output_router_logits = False
 
 
 def _target_location(path: str | os.PathLike, gguf_file: str | None) -> tuple[Path, dict]:

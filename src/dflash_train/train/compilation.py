@@ -11,9 +11,11 @@ backward) during the first step. On an empty cache that is most of a short run, 
   (``torch.compiler.save_cache_artifacts``) to ``RUN/compile-artifacts.bin``; a resumed run
   loads them, and ``train.compile_artifacts=FILE`` loads a file shipped from another
   machine (same torch, GPU kind and shapes) so that fresh machines and new ranks start warm;
-* say what happens: the state of the cache before the first step, the time it took, and how
-  many graphs came from the cache or were compiled anew (a folder full of other shapes' graphs
-  is "warm" and still compiles everything: the counts tell).
+* say what happens: the state of the cache folder before the first step (``compile_cache``:
+  empty or warm), the time it took, and whether this run's graphs came from the cache
+  (``compile_cache_result``: hit, miss, partial, none; ``compile_cache_lookups``: inductor's
+  FX-graph and AOTAutograd cache counters), since a folder full of other shapes' graphs is
+  "warm" and still compiles everything: the lookups tell.
 """
 
 from __future__ import annotations
@@ -85,13 +87,53 @@ def compile_seconds() -> dict[str, float]:
     return out
 
 
-def graph_cache_counts() -> dict[str, int]:
-    """Inductor's FX-graph cache lookups in this process so far (forward and backward graphs
-    count separately): ``from_cache`` hits, ``compiled`` misses."""
+# (report name, torch counter group, counter prefix): inductor's FX graph cache (the generated
+# kernels: the expensive part) and the AOTAutograd cache (the traced, partitioned forward and
+# backward graphs, whose hit also loads the FX graphs: those count as FX hits too). Counter
+# names read from torch 2.13 (``_inductor/codecache.py``, ``_functorch/_aot_autograd/autograd_cache.py``),
+# the same since the AOTAutograd cache came (torch 2.5); absent names read as 0.
+CACHES = (("fx_graph", "inductor", "fxgraph_cache_"), ("aot_autograd", "aot_autograd", "autograd_cache_"))
+OUTCOMES = ("hit", "miss", "bypass")  # bypass: a graph the cache cannot hold, compiled every time
+
+
+def cache_lookups() -> dict[str, dict[str, int]]:
+    """This process's lookups so far in inductor's two graph caches, by outcome:
+    ``{"fx_graph": {"hit", "miss", "bypass"}, "aot_autograd": {...}}``. Forward and backward
+    graphs count separately. Subtract an earlier reading (:func:`lookups_since`) for one window."""
     from torch._dynamo.utils import counters
 
-    inductor = counters["inductor"]
-    return {"from_cache": int(inductor["fxgraph_cache_hit"]), "compiled": int(inductor["fxgraph_cache_miss"])}
+    return {name: {o: int(counters[group][prefix + o]) for o in OUTCOMES} for name, group, prefix in CACHES}
+
+
+def lookups_since(before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    now = cache_lookups()
+    return {name: {o: now[name][o] - before[name][o] for o in OUTCOMES} for name in now}
+
+
+def cache_result(lookups: dict[str, dict[str, int]]) -> str:
+    """Whether a window's compiled graphs came from the cache, judged by inductor's graphs:
+    ``hit`` (all of them), ``miss`` (none), ``partial`` (some: e.g. a folder warm with
+    other shapes' graphs), ``none`` (nothing was compiled: no compile, or graphs already in
+    memory). A bypassed graph was compiled anew, as a miss is."""
+    fx = lookups["fx_graph"]
+    compiled = fx["miss"] + fx["bypass"]
+    if fx["hit"] + compiled == 0:
+        return "none"
+    return "hit" if compiled == 0 else "miss" if fx["hit"] == 0 else "partial"
+
+
+def cache_report(before: dict[str, dict[str, int]]) -> dict:
+    """The fields a report adds for the window since ``before`` (a :func:`cache_lookups` reading):
+    ``compile_cache_result`` (:func:`cache_result`) and ``compile_cache_lookups`` (the counts)."""
+    lookups = lookups_since(before)
+    return {"compile_cache_result": cache_result(lookups), "compile_cache_lookups": lookups}
+
+
+def graph_cache_counts() -> dict[str, int]:
+    """Inductor's FX-graph cache lookups in this process so far (forward and backward graphs
+    count separately): ``from_cache`` hits, ``compiled`` misses and bypasses."""
+    fx = cache_lookups()["fx_graph"]
+    return {"from_cache": fx["hit"], "compiled": fx["miss"] + fx["bypass"]}
 
 
 class FirstStep:
@@ -105,6 +147,7 @@ class FirstStep:
         if not enabled:
             return
         self.counts_before = graph_cache_counts()
+        self.lookups_before = cache_lookups()
         self.cache_dir = use_persistent_cache()
         self.state = cache_state(self.cache_dir)
         loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / COMPILE_ARTIFACTS)
@@ -125,10 +168,12 @@ class FirstStep:
         spent = compile_seconds()
         now = graph_cache_counts()
         graphs = {k: now[k] - self.counts_before[k] for k in now}
-        self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state}; "
-                  f"graphs: {graphs['from_cache']} from the cache, {graphs['compiled']} compiled)")
+        cached = cache_report(self.lookups_before)
+        self.echo(f"first step {seconds:.1f} s, of which compiling {spent['total']:.1f} s (cache {self.state}, "
+                  f"this run: {cached['compile_cache_result']}; graphs: {graphs['from_cache']} from the cache, "
+                  f"{graphs['compiled']} compiled)")
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_artifacts(self.run_dir / COMPILE_ARTIFACTS)
         return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state,
-                "compile_graphs": graphs}
+                "compile_graphs": graphs, **cached}
