@@ -74,12 +74,15 @@ class StepSpec:
     reach_weighting: bool = False
     compiled: bool = False  # the drafter layers and the loss chunks through torch.compile
     compile_mode: str = "default"  # the layers' inductor mode (reduce-overhead: a graph generation per step)
+    objective_name: str = "ce"  # ce (decayed CE) or dpace (D-PACE weights): objective/loss.py
+    dpace_alpha: float = 0.5
+    selector_out_of_topk: str = "exclude"  # DFlash2's selector CE where the label is not a candidate
 
     @classmethod
     def from_train(cls, train: TrainConfig, block_size: int, mask_token_id: int, compiled: bool) -> StepSpec:
         return cls(block_size, mask_token_id, train.num_anchors, train.seed, train.anchors, train.attention,
                    train.gamma, train.loss_chunk_size, train.distill, train.loss_positions, train.reach_weighting,
-                   compiled, train.compile_mode)
+                   compiled, train.compile_mode, train.objective, train.dpace_alpha, train.selector_out_of_topk)
 
     def objective(self, device: torch.device) -> ObjectiveOptions:
         attention = self.attention
@@ -89,7 +92,9 @@ class StepSpec:
             block_size=self.block_size, mask_token_id=self.mask_token_id,
             gamma=self.gamma or default_gamma(self.block_size), attention=attention,
             loss_chunk_size=self.loss_chunk_size, distill=self.distill, compiled_loss=self.compiled,
-            loss_positions=self.loss_positions, reach_weighting=self.reach_weighting)
+            loss_positions=self.loss_positions, reach_weighting=self.reach_weighting,
+            objective=self.objective_name, dpace_alpha=self.dpace_alpha,
+            selector_out_of_topk=self.selector_out_of_topk)
 
 
 def build_train_step(spec: StepSpec, model, drafter, target, optim: OptimConfig, total_steps: int,
