@@ -29,8 +29,8 @@ from dflash_train.objective.blocks import check_loss_positions
 
 @dataclass
 class TargetConfig:
-    path: str = ""
-    gguf_file: str | None = None
+    path: str = ""  # the target: a Hugging Face model folder or a .gguf file (required)
+    gguf_file: str | None = None  # the .gguf file's name inside ``path`` when ``path`` is a folder
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
 
     def validate(self) -> None:
@@ -45,12 +45,12 @@ class OptimConfig:
     # adamw, or muon: Muon for the drafter's weight matrices, AdamW for its norm gains (train/muon.py);
     # lr, betas, weight_decay and the schedule apply to both (Muon's update is scaled to AdamW's RMS)
     name: str = "adamw"
-    lr: float = 6e-4
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    warmup_ratio: float = 0.04
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
+    lr: float = 6e-4  # peak learning rate (after warmup, before the cosine decay)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW's; Muon's matrices too)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's betas
+    warmup_ratio: float = 0.04  # share of the steps (or of the time budget) in linear warmup
+    min_lr_ratio: float = 0.0  # the cosine schedule's final learning rate, as a share of lr
+    grad_clip: float = 1.0  # clip the gradient's global norm to this (0: no clipping)
     momentum: float = 0.95  # Muon's (Nesterov) momentum; AdamW uses betas
 
     def validate(self) -> None:
@@ -60,6 +60,8 @@ class OptimConfig:
             raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
         if self.lr <= 0:
             raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -74,17 +76,17 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    run_dir: str = "runs/dflash"
-    seed: int = 0
-    epochs: float = 1.0
+    run_dir: str = "runs/dflash"  # the run folder: checkpoints, metrics, config, summary (one run at a time: a lock)
+    seed: int = 0  # seeds the drafter's init, the anchors and the batch order
+    epochs: float = 1.0  # passes over the data (max_steps / the time budget may stop earlier)
     max_steps: int | None = None  # overrides epochs when set
     # > 0: a wall-clock budget for the training steps (evaluation, checkpoints and the first,
     # compiling step excluded; ranks agree on the max). The run stops when it is spent, and the
     # LR schedule runs on max(step / steps, time / budget), so warmup and cosine decay
     # complete inside the budget whatever the hardware's speed.
     time_budget_minutes: float = 0.0
-    grad_accum: int = 1
-    num_anchors: int = 512
+    grad_accum: int = 1  # micro-batches per optimizer step
+    num_anchors: int = 512  # blocks sampled per row of a micro-batch
     anchors: str = "random"  # "random" (paper) or "uniform" (ablation: fixed blocks)
     gamma: float | None = None  # loss decay; None -> paper value for the block size
     # Only block positions 1..K carry the loss (null: all B - 1, the paper's). A drafter that accepts ~2
@@ -102,7 +104,7 @@ class TrainConfig:
     # DFlash2: where the label is not among the top-k candidates, "exclude" the row from the selector CE or
     # "inject" the label as a candidate (objective/loss.selector_ce says why exclude is the default)
     selector_out_of_topk: str = "exclude"
-    device: str = "auto"
+    device: str = "auto"  # auto (cuda if available, else cpu), cpu, cuda or cuda:N
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
     # The drafter layers' inductor mode: "default", or "reduce-overhead" (CUDA graphs of each layer's
@@ -117,13 +119,13 @@ class TrainConfig:
     cuda_graph_step: bool = True
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
-    loss_chunk_size: int = 4096
-    log_every: int = 10
-    tensorboard: bool = True
-    progress: bool = True
+    loss_chunk_size: int = 4096  # tokens per lm_head + cross-entropy chunk (full logits are never materialized)
+    log_every: int = 10  # steps between metric lines
+    tensorboard: bool = True  # also write TensorBoard events in the run folder
+    progress: bool = True  # a progress bar on the terminal
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes
-    keep_last: int = 2
+    keep_last: int = 2  # checkpoints kept (older ones are pruned)
     # Steps whose loss or gradient norm is not finite: their optimizer update is skipped on the
     # device; more than this many in a run stop it with an error naming the first (0: the first stops it).
     max_bad_steps: int = 0
@@ -216,9 +218,9 @@ class EvalConfig:
     prompts: str | None = None  # chat file or one prompt per line; None disables
     every: int = 0  # steps between evaluations (0: only before and after training)
     every_minutes: float = 0.0  # or minutes of training time between evaluations (0: off)
-    num_prompts: int = 8
-    max_new_tokens: int = 64
-    at_start: bool = True
+    num_prompts: int = 8  # held-out prompts per in-training evaluation
+    max_new_tokens: int = 64  # tokens generated per prompt
+    at_start: bool = True  # evaluate once before the first step (tau of an untrained drafter)
 
     def validate(self) -> None:
         if self.every < 0 or self.every_minutes < 0:

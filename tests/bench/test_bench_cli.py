@@ -7,6 +7,7 @@ import math
 import os
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -162,3 +163,15 @@ def test_bench_and_eval_need_no_data_stack():
             "assert 'datasets' not in sys.modules, 'datasets imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_bench_on_a_moe_target():
+    """--target-config tiny-moe: a sparse-expert target (the qwen3-30b-a3b layout, tiny) through the same step;
+    the FLOP model counts the active experts (top-k x expert width = the dense width here)."""
+    from dflash_train.bench.run import BenchConfig, build_target, run_bench
+
+    target = build_target("tiny-moe", torch.device("cpu"), torch.float32)
+    assert type(target.model).__name__ == "Qwen3MoeForCausalLM"
+    result = run_bench(BenchConfig(target_config="tiny-moe", steps=2, warmup=1, profile_steps=0, device="cpu"),
+                       log=lambda *_: None)
+    assert math.isfinite(result["last_loss"]) and result["config"]["target_config"] == "tiny-moe"

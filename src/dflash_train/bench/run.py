@@ -74,12 +74,19 @@ QWEN3_8B_CONFIG = dict(
 # Defaults that depend on the target: (seq_len, num_anchors)
 REFERENCE_DEFAULTS = (3072, 512)
 TINY_DEFAULTS = (128, 8)
+# A Qwen3-30B-A3B-shaped mixture of experts (128 experts, 8 active, 3B active of 30B parameters)
+QWEN3_30B_A3B_CONFIG = dict(
+    hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+    intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+    norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=40960,
+)
+NO_LOOKUPS = {name: dict.fromkeys(compilation.OUTCOMES, 0) for name, _, _ in compilation.CACHES}
 PHASES = ("prepare", "target_forward", "drafter_forward", "backward", "optimizer")
 
 
 @dataclass
 class BenchConfig:
-    target_config: str = "qwen3-8b"  # qwen3-8b | tiny | a HF model folder
+    target_config: str = "qwen3-8b"  # qwen3-8b | qwen3-30b-a3b | tiny | tiny-moe | a HF model folder
     drafter_layers: int = 5
     block_size: int = 16
     target_layer_ids: list[int] | None = None  # None: the spec's default rule
@@ -103,7 +110,7 @@ class BenchConfig:
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
-        seq, anchors = TINY_DEFAULTS if self.target_config == "tiny" else REFERENCE_DEFAULTS
+        seq, anchors = TINY_DEFAULTS if self.target_config.startswith("tiny") else REFERENCE_DEFAULTS
         out.seq_len = out.seq_len or seq
         out.num_anchors = out.num_anchors or anchors
         device = resolve_device(out.device, "bench --device")
@@ -143,17 +150,20 @@ def _indexed(device: torch.device) -> torch.device:
 
 # -- models --------------------------------------------------------------------------------
 def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
-    """Random-weight Qwen3-8B-shaped target built directly on ``device``, tiny, or a folder."""
-    if name == "tiny":
-        from dflash_train.models.tiny import tiny_qwen3
+    """A random-weight target built directly on ``device`` (``qwen3-8b``, the MoE ``qwen3-30b-a3b``,
+    ``tiny``, ``tiny-moe``: random weights cost the FLOPs real ones do), or a model folder."""
+    if name in ("tiny", "tiny-moe"):
+        from dflash_train.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
-        return Target(tiny_qwen3(num_layers=8).to(device=device, dtype=dtype))
-    if name == "qwen3-8b":
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        build = tiny_qwen3 if name == "tiny" else tiny_qwen3_moe
+        return Target(build(num_layers=8).to(device=device, dtype=dtype))
+    if name in ("qwen3-8b", "qwen3-30b-a3b"):
+        from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-        config = Qwen3Config(**QWEN3_8B_CONFIG)
-        with torch.device(device):  # random init on the GPU: no 16 GB CPU init and copy
-            model = Qwen3ForCausalLM._from_config(config, dtype=dtype)
+        dense = name == "qwen3-8b"
+        config = Qwen3Config(**QWEN3_8B_CONFIG) if dense else Qwen3MoeConfig(**QWEN3_30B_A3B_CONFIG)
+        with torch.device(device):  # random init on the GPU: no CPU init and copy
+            model = (Qwen3ForCausalLM if dense else Qwen3MoeForCausalLM)._from_config(config, dtype=dtype)
         return Target(model.to(device))
     return Target.load(name, dtype, device)
 
@@ -483,6 +493,7 @@ class StepBench:
 
     def _compile_report(self) -> dict:
         compiled = bool(self.cfg.compile)
-        return {"compile_cache": self.cache,
+        hits = compilation.cache_report(NO_LOOKUPS) if compiled else {}  # this process's graphs: cache hit/miss
+        return {"compile_cache": self.cache, **hits,
                 "compile_s": compilation.compile_seconds()["total"] if compiled else 0.0,
                 "compile_breakdown_s": compilation.compile_seconds() if compiled else {}}

@@ -32,15 +32,15 @@ class DataConfig:
     """The ``data:`` section of a job config; ``paths`` defaults to empty so a JobConfig can be built
     before it is filled in, and ``validate()`` then insists on it."""
 
-    paths: list[str] = field(default_factory=list)
-    max_length: int = 2048
+    paths: list[str] = field(default_factory=list)  # chat or plain-text files (JSONL, JSON, Parquet) or folders of them
+    max_length: int = 2048  # tokens per conversation or document; longer ones are cut (and counted)
     supervise: str = "all"  # or "last"
-    keep_reasoning: bool = True
+    keep_reasoning: bool = True  # keep <think> content of assistant turns
     min_supervised_tokens: int | None = None  # None -> 2 * block_size
-    strict: bool = False
-    cache_dir: str | None = None
-    token_budget: int = 8192
-    pad_to_multiple: int = 64
+    strict: bool = False  # stop at the first bad record instead of a counted skip
+    cache_dir: str | None = None  # tokenized-data cache (null: $DFLASH_DATA_CACHE or ~/.cache/dflash_train/data)
+    token_budget: int = 8192  # padded tokens per micro-batch (rows x length)
+    pad_to_multiple: int = 64  # pad row lengths to a multiple of this (fewer compiled shapes)
     # Train on a fixed random subset of at most this many examples (data-size scaling runs);
     # the subset depends only on the data, so every rank and every size share one cache entry.
     max_examples: int | None = None

@@ -70,34 +70,34 @@ def check_target_layer_ids(layer_ids: list[int], num_target_layers: int, field: 
 class DrafterConfig:
     """Shape of a DFlash drafter. ``None`` means "take it from the target"."""
 
-    num_hidden_layers: int = 5
-    block_size: int = 16
-    hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    intermediate_size: int | None = None
-    rms_norm_eps: float | None = None
-    rope_theta: float | None = None
-    rope_scaling: dict[str, Any] | None = None
-    max_position_embeddings: int | None = None
-    vocab_size: int | None = None
-    num_target_layers: int | None = None
-    target_layer_ids: list[int] | None = None
-    num_target_features: int | None = None
-    mask_token_id: int | None = None
-    layer_types: list[str] | None = None
-    sliding_window: int | None = None
-    attention_bias: bool = False
-    tie_word_embeddings: bool = False
+    num_hidden_layers: int = 5  # drafter decoder layers
+    block_size: int = 16  # tokens per block B: the anchor plus B - 1 drafted tokens
+    hidden_size: int | None = None  # null: the target's (the drafter shares its embedding and lm_head)
+    num_attention_heads: int | None = None  # null: the target's
+    num_key_value_heads: int | None = None  # null: the target's
+    head_dim: int | None = None  # null: the target's
+    intermediate_size: int | None = None  # null: the target's
+    rms_norm_eps: float | None = None  # null: the target's
+    rope_theta: float | None = None  # null: the target's
+    rope_scaling: dict[str, Any] | None = None  # null: the target's
+    max_position_embeddings: int | None = None  # null: the target's
+    vocab_size: int | None = None  # null: the target's (must match it)
+    num_target_layers: int | None = None  # null: the target's layer count
+    target_layer_ids: list[int] | None = None  # target layers whose outputs condition the drafter (null: evenly spaced, spec section 1)
+    num_target_features: int | None = None  # how many layers the automatic choice takes (null: num_hidden_layers)
+    mask_token_id: int | None = None  # the block's mask token (null: chosen automatically from the tokenizer)
+    layer_types: list[str] | None = None  # full_attention or sliding_attention per layer (null: all full)
+    sliding_window: int | None = None  # window of sliding_attention layers
+    attention_bias: bool = False  # biases in q/k/v/o projections
+    tie_word_embeddings: bool = False  # taken from the target when resolved
     # "dflash" or "dflash2" (dynamic convolutions + candidate selector, served as DFlash2DraftModel).
     # The four fields below shape DFlash2 only; the defaults are the authors' (kernel 2, groups of 16
     # channels, rank 256, top-16 candidates).
     kind: str = "dflash"
-    conv_kernel_size: int = 2
-    conv_group_size: int = 16
-    selector_rank: int = 256
-    selector_top_k: int = 16
+    conv_kernel_size: int = 2  # DFlash2: taps of each dynamic causal convolution
+    conv_group_size: int = 16  # DFlash2: channels sharing one dynamic delta
+    selector_rank: int = 256  # DFlash2: rank r of the candidate selector's codebooks
+    selector_top_k: int = 16  # DFlash2: candidates per slot the selector scores
 
     def _validate_dflash2(self) -> None:
         if self.kind not in DRAFTER_KINDS:
