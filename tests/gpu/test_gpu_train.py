@@ -134,8 +134,9 @@ def test_target_forward_as_cuda_graph_equals_eager():
     assert graphed.enabled and graphed.replays == 3 and len(graphed.graphs) == 1
 
 
-@pytest.mark.parametrize("reach_block", [0, 8], ids=["plain", "reach"])
-def test_compiled_loss_equals_eager_on_cuda(reach_block):
+@pytest.mark.parametrize(("reach_block", "weighting"), [(0, "decay"), (8, "reach"), (8, "dpace")],
+                         ids=["plain", "reach", "dpace"])
+def test_compiled_loss_equals_eager_on_cuda(reach_block, weighting):
     """The chunked CE through torch.compile (the trainer's default on CUDA) against the eager chunks:
     the same weighted loss, input gradient and argmax in bf16, SmolLM2's vocabulary; also with
     ``train.reach_weighting`` (blocks of 8 positions)."""
@@ -159,7 +160,7 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block):
     out = {}
     for compiled in (False, True):
         hidden = make_hidden().requires_grad_()
-        opts = LossOptions(2048, compiled=compiled, block=reach_block, weighting="reach" if reach_block else "decay")
+        opts = LossOptions(2048, compiled=compiled, block=reach_block, weighting=weighting)
         loss, argmax = chunked_weighted_ce(hidden, head, labels, weights, opts)
         loss.backward()
         out[compiled] = (loss.detach(), argmax, hidden.grad)
@@ -172,8 +173,9 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block):
                     reason="the chat test target takes assets/smollm2's tokenizer")
 @pytest.mark.parametrize("pack,objective", [(True, {}), (False, {}),
                                             (True, {"loss_positions": 2, "reach_weighting": True}),
-                                            (True, {"optim": "muon"})],
-                         ids=["packed", "unpacked", "packed-k2-reach", "packed-muon"])
+                                            (True, {"optim": "muon"}),
+                                            (True, {"kind": "dflash2", "objective": "dpace"})],
+                         ids=["packed", "unpacked", "packed-k2-reach", "packed-muon", "packed-dflash2-dpace"])
 def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     """The trainer's whole step replayed as one CUDA graph (real capture: compiled drafter layers,
     flex_attention, the compiled loss, bf16 autocast, fused AdamW with the LR in a device tensor)
@@ -189,11 +191,13 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     out = {}
     objective = dict(objective)
     optimizer = objective.pop("optim", "adamw")
+    kind = objective.pop("kind", "dflash")  # dflash2: the selector's CE and top-k inside the graph too
     for graphed in (False, True):
         job = tiny_chat_job(tmp_path / str(graphed), max_steps=14, device="cuda", num_anchors=16,
                             cuda_graph_step=graphed, log_every=1, **objective)
         job["data"]["pack"] = pack
         job["optim"]["name"] = optimizer
+        job["drafter"]["kind"] = kind
         job["target"]["dtype"] = "bfloat16"
         target = tiny_chat_target(REPO / "assets" / "smollm2")
         target.model.to("cuda", dtype=torch.bfloat16)
