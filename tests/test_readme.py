@@ -41,13 +41,22 @@ def readme() -> str:
 
 
 def section(text: str, title: str) -> str:
-    """The body of the heading ``title`` (any level) up to the next heading of the same or a higher level."""
-    match = re.search(rf"^(#+) {re.escape(title)}\s*$", text, flags=re.M)
-    assert match, f"README has no section {title!r}"
-    level = len(match.group(1))
-    rest = text[match.end():]
-    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
-    return rest[: end.start()] if end else rest
+    """The body of the heading ``title`` (any level) up to the next heading of the same or a higher
+    level; lines inside code fences (a YAML or shell comment starts with ``#`` too) are never headings."""
+    lines, body, level, fenced = text.splitlines(keepends=True), None, 0, False
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"(#+) (.+?)\s*$", line)
+        if body is None:
+            if heading and heading.group(2) == title:
+                body, level = [], len(heading.group(1))
+        elif heading and len(heading.group(1)) <= level:
+            break
+        else:
+            body.append(line)
+    assert body is not None, f"README has no section {title!r}"
+    return "".join(body)
 
 
 def slug(heading: str) -> str:
@@ -182,3 +191,14 @@ def test_readme_file_links_exist():
     links = re.findall(r"\]\(((?!https?:|#)[^)#]+)(?:#[^)]*)?\)", readme())
     missing = sorted(link for link in links if not (REPO / link).exists())
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+def test_the_training_yaml_is_a_valid_config(tmp_path, capsys):
+    """The README's ``my.yaml`` resolves through ``dflash-train config`` (no unknown key, no bad value)."""
+    block = re.search(r"```yaml\n(# my\.yaml.*?)```", section(readme(), "3. Training"), flags=re.S)
+    assert block, "the Training section shows no my.yaml"
+    path = tmp_path / "my.yaml"
+    path.write_text(block.group(1))
+    assert main(["config", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert "time_budget_minutes: 60" in shown and "block_size: 16" in shown
