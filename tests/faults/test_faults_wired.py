@@ -7,19 +7,35 @@ recursing until the path is too long."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
-from fault_harness import Point, cases, drive
+from fault_harness import READ_ERRNOS, STAGES, WRITE_ERRNOS, Point, cases, drive
 from testkit import tiny_drafter, tiny_qwen3
 
+from dflash_train import files
 from dflash_train.export.cli import read_training_artifact
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.target import Target
-from dflash_train.run_folder import CHECKSUMS, CONFIG, DRAFTER_CONFIG, DRAFTER_WEIGHTS, file_checksums
+from dflash_train.run_folder import (
+    CHECKSUMS,
+    COMPILE_ARTIFACTS,
+    CONFIG,
+    DRAFTER_CONFIG,
+    DRAFTER_WEIGHTS,
+    METRICS,
+    SUMMARY,
+    file_checksums,
+)
 from dflash_train.train.checkpoint import PARTS, CheckpointManager
+from dflash_train.train.compilation import load_artifacts, save_artifacts, save_artifacts_or_warn
+from dflash_train.train.loop import write_run_config, write_summary
+from dflash_train.train.metrics import MetricLogger
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -151,7 +167,102 @@ def test_a_killed_exports_temporary_is_swept(tmp_path, capsys):
     assert "removed 2 stale temporary" in capsys.readouterr().err
 
 
-POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ]
+
+# -- the run folder: metrics, summary, config, compile artifacts -------------------------------
+ROWS = [{"step": i, "loss": 1.0 / i} for i in (1, 2, 3)]
+WRITE_FAULTS = [f"write:{e}:{s}" for e in WRITE_ERRNOS for s in STAGES]
+APPEND_FAULTS = [f"write:{e}:{s}" for e in WRITE_ERRNOS for s in ("create", "write")]  # no rename
+
+
+def _metrics_setup(tmp):
+    run = tmp / "run"
+    run.mkdir()
+    (run / METRICS).write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return run
+
+
+def _rewound(run, kept):
+    assert all(r["step"] <= 2 for r in kept) and all(isinstance(r, dict) for r in kept)
+    on_disk = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]
+    assert on_disk == kept, "metrics.jsonl does not hold exactly the rows kept"
+
+
+METRICS_REWIND = Point(
+    name="metrics-rewind", setup=_metrics_setup, writes=True, keep=lambda run: [run / METRICS],
+    act=lambda run: MetricLogger(run, tensorboard=False).rewind(2), target=lambda run: run / METRICS,
+    check=_rewound, content=lambda run: (run / METRICS).read_bytes(), on_content="recover",
+    faults=WRITE_FAULTS + [f"read:{e}" for e in READ_ERRNOS] + ["dangling-link", "link-loop", "a-folder"]
+    + ["truncated", "garbage", "latin-1", "utf-16", "deep-nesting", "huge-line", "wrong-types"],
+    wrong_types=[b'[1, 2]\n{"step": "1"}\n{"step": 1}\n', b'{"step": 1, "loss": 1.0}\n"text"\n'],
+)
+METRICS_LOG = Point(
+    name="metrics-log", setup=_metrics_setup, writes=True, faults=APPEND_FAULTS, target=lambda run: run / METRICS,
+    act=lambda run: MetricLogger(run, tensorboard=False).log(4, {"loss": 0.5}, echo=lambda line: None),
+    check=lambda run, _: json.loads((run / METRICS).read_text().splitlines()[-1])["step"] == 4 or pytest.fail(),
+)
+
+
+def test_rewind_keeps_the_rows_up_to_the_step_and_drops_torn_ones(tmp_path):
+    run = _metrics_setup(tmp_path)
+    with (run / METRICS).open("a") as fh:
+        fh.write('{"step": 2, "lo')  # torn by a kill
+    assert MetricLogger(run, tensorboard=False).rewind(2) == ROWS[:2]
+    assert (run / METRICS).read_text() == "".join(json.dumps(r) + "\n" for r in ROWS[:2])
+
+
+def _old_file(name: str):
+    def setup(tmp):
+        run = tmp / "run"
+        run.mkdir()
+        (run / name).write_text('{"old": true}')
+        return run
+    return setup
+
+
+def _write_config(run):
+    trainer = SimpleNamespace(ranks=SimpleNamespace(is_main=True), run_dir=run,
+                              cfg=SimpleNamespace(to_dict=lambda: {"train": {"seed": 0}}),
+                              drafter_cfg=SimpleNamespace(to_dict=lambda: {"block_size": 4}))
+    write_run_config(trainer)
+
+
+RUN_CONFIG = Point(name="run-config", setup=_old_file(CONFIG), writes=True, act=_write_config,
+                   target=lambda run: run / CONFIG, keep=lambda run: [run / CONFIG])
+RUN_SUMMARY = Point(name="run-summary", setup=_old_file(SUMMARY), writes=True, target=lambda run: run / SUMMARY,
+                    act=lambda run: write_summary(run, {"steps": 3}), keep=lambda run: [run / SUMMARY])
+
+
+def _save_compiled(run):
+    with mock.patch.object(torch.compiler, "save_cache_artifacts", return_value=(b"artifacts" * 100, None)):
+        return save_artifacts(run / COMPILE_ARTIFACTS)
+
+
+COMPILE_SAVE = Point(name="compile-artifacts-save", setup=_old_file(COMPILE_ARTIFACTS), writes=True,
+                     act=_save_compiled, target=lambda run: run / COMPILE_ARTIFACTS,
+                     keep=lambda run: [run / COMPILE_ARTIFACTS])
+
+
+def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp_path, monkeypatch):
+    """After the first step a failed save was a traceback: now one warning line, the run goes on;
+    a damaged artifacts file is a warning and a cold start."""
+    lines = []
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"x", None))
+    monkeypatch.setattr(files.os, "write", no_space)
+    assert save_artifacts_or_warn(tmp_path / COMPILE_ARTIFACTS, lines.append) == 0
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot write compile artifacts") and "no space" in lines[0]
+    assert not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    (tmp_path / COMPILE_ARTIFACTS).write_bytes(b"garbage" * 10)
+    assert load_artifacts(tmp_path / COMPILE_ARTIFACTS, lines.append) is False
+    assert "starting cold" in lines[-1] and str(tmp_path / COMPILE_ARTIFACTS) in lines[-1]
+
+
+POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ, METRICS_REWIND, METRICS_LOG, RUN_CONFIG,
+          RUN_SUMMARY, COMPILE_SAVE]
 
 
 @pytest.mark.parametrize(("point", "fault"), cases(POINTS))
