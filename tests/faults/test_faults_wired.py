@@ -19,6 +19,12 @@ from fault_harness import READ_ERRNOS, STAGES, WRITE_ERRNOS, Point, cases, drive
 from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train import files
+from dflash_train.data.errors import SkipReport
+from dflash_train.data.readers import read_records, resolve_files
+from dflash_train.data.regenerate import run_regenerate
+from dflash_train.decoding.generators import Generation, Generator, SamplingParams
+from dflash_train.eval.evaluate import write_report
+from dflash_train.eval.prompts import read_prompts
 from dflash_train.export.cli import read_training_artifact
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.target import Target
@@ -261,8 +267,144 @@ def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp
     assert "starting cold" in lines[-1] and str(tmp_path / COMPILE_ARTIFACTS) in lines[-1]
 
 
+
+# -- eval reports, regeneration output ------------------------------------------------------------
+REPORT = {"acceptance_histogram": {"1": 3, "2": 1}, "mean_tau": 1.25, "per_position_acceptance": [0.25, None],
+          "num_prompts": 2, "block_size": 4, "temperature": 0.0}
+
+
+def _report_setup(tmp):
+    out = tmp / "eval"
+    out.mkdir()
+    (out / "eval.json").write_text('{"old": true}')
+    (out / "eval.png").write_bytes(b"old png")
+    return out
+
+
+EVAL_REPORT = Point(name="eval-report", setup=_report_setup, writes=True, act=lambda out: write_report(REPORT, out),
+                    target=lambda out: out / "eval.json", names=lambda out: str(out),
+                    keep=lambda out: [out / "eval.json", out / "eval.png"])
+
+
+class _Echo(Generator):
+    def generate(self, prompts, params):
+        return [Generation(f"reply {len(p)}", None, 2) for p in prompts]
+
+
+def _regen_setup(tmp):
+    src = tmp / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                                    {"role": "assistant", "content": "old"}]}) + "\n"
+                           for i in range(4)))
+    out = tmp / "out.jsonl"
+    _regenerate({"src": src, "out": out}, limit=2)  # two records already written: kept on a failure
+    return {"src": src, "out": out, "before": out.read_bytes()}
+
+
+def _regenerate(ctx, limit=None):
+    report = SkipReport()
+    return run_regenerate(read_records([str(ctx["src"])], report), _Echo(), ctx["out"], SamplingParams(8), 1,
+                          report, limit=limit, progress=False)
+
+
+def _regen_kept(ctx, summary):
+    ids = [json.loads(line)["id"] for line in ctx["out"].read_text().splitlines()]
+    assert ids == ["r0", "r1", "r2", "r3"], ids
+
+
+REGENERATE = Point(
+    name="regenerate-output", setup=_regen_setup, writes=True, faults=APPEND_FAULTS, act=_regenerate,
+    target=lambda ctx: ctx["out"], check=_regen_kept,
+)
+
+
+def test_regenerate_keeps_the_lines_written_before_a_failure_and_resumes(tmp_path, monkeypatch):
+    """No space after the first record: one line naming the output, the lines before it kept,
+    and a rerun finishes the rest without duplicates."""
+    ctx = _regen_setup(tmp_path)
+    real_fsync, calls = files.os.fsync, []
+
+    def full_after_one(fd):
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr("dflash_train.data.regenerate.os.fsync", full_after_one)
+    with pytest.raises(ValueError, match="cannot write regenerated data .*out.jsonl: no space left"):
+        _regenerate(ctx)
+    monkeypatch.undo()
+    assert ctx["out"].read_bytes().startswith(ctx["before"])
+    _regenerate(ctx)
+    _regen_kept(ctx, None)
+
+
+# -- data readers and prompt files ----------------------------------------------------------------
+CHAT = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+        for i in range(3)]
+
+
+def _data_setup(suffix: str):
+    def setup(tmp):
+        path = tmp / f"chat{suffix}"
+        if suffix == ".jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in CHAT))
+        else:
+            path.write_text(json.dumps(CHAT))
+        return path
+    return setup
+
+
+def _read_all(path):
+    report = SkipReport()
+    return list(read_records([str(path)], report)), report
+
+
+def _counted(path, result):
+    records, report = result
+    assert len(records) + report.total_skipped == report.read, "a record neither kept nor counted"
+    for rec in records:
+        assert rec.messages and rec.messages[0]["role"] == "user"
+
+
+def _data_point(suffix: str) -> Point:
+    return Point(
+        name=f"data-file{suffix}", setup=_data_setup(suffix), act=_read_all, target=lambda p: p,
+        content=lambda p: p.read_bytes(), on_content="recover", check=_counted,
+        wrong_types=[b'{"messages": 3}\n[1, 2]\n"text"\n{"id": [1], "messages": [{"role": 5}]}\n'],
+    )
+
+
+def test_a_data_folder_with_a_link_loop_is_walked_once(tmp_path):
+    """``data/a/loop -> ..``: each real folder is walked once (on 7f9d2a4: recursion until the
+    path is too long, a raw OSError)."""
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    _data_setup(".jsonl")(data / "a")
+    (data / "a" / "loop").symlink_to("..")
+    (data / "self").symlink_to(".")
+    assert resolve_files([str(data)]) == [data / "a" / "chat.jsonl"]
+
+
+def _prompts_setup(suffix: str):
+    def setup(tmp):
+        path = tmp / f"prompts{suffix}"
+        path.write_text("".join(json.dumps(r) + "\n" for r in CHAT) if suffix == ".jsonl" else json.dumps(CHAT))
+        return path
+    return setup
+
+
+def _prompt_point(suffix: str) -> Point:
+    return Point(
+        name=f"prompts{suffix}", setup=_prompts_setup(suffix), act=read_prompts, target=lambda p: p,
+        content=lambda p: p.read_bytes(), check=lambda p, prompts: len(prompts) == 3 or pytest.fail(),
+        wrong_types=[b'{"messages": 3}', b"[1, 2]"], wrong_type_names=[f"prompts{suffix}"] * 2,
+    )
+
+
 POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ, METRICS_REWIND, METRICS_LOG, RUN_CONFIG,
-          RUN_SUMMARY, COMPILE_SAVE]
+          RUN_SUMMARY, COMPILE_SAVE, EVAL_REPORT, REGENERATE, _data_point(".jsonl"), _data_point(".json"),
+          _prompt_point(".jsonl"), _prompt_point(".json")]
 
 
 @pytest.mark.parametrize(("point", "fault"), cases(POINTS))
