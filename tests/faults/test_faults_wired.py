@@ -82,6 +82,7 @@ def _earlier_files(ctx) -> list[Path]:
 CHECKPOINT_SAVE = Point(
     name="checkpoint-save", setup=_save_setup, writes=True, act=lambda ctx: ctx["manager"].save(),
     target=lambda ctx: ctx["run"] / "checkpoints" / "step-00000004", keep=_earlier_files,
+    names=lambda ctx: f"cannot save checkpoint {ctx['run'] / 'checkpoints' / 'step-00000004'}:",
     check=lambda ctx, final: (final / "COMPLETE").is_file() or pytest.fail("no COMPLETE"),
 )
 
@@ -248,7 +249,7 @@ COMPILE_SAVE = Point(name="compile-artifacts-save", setup=_old_file(COMPILE_ARTI
                      keep=lambda run: [run / COMPILE_ARTIFACTS])
 
 
-def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp_path, monkeypatch):
+def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp_path, monkeypatch, caplog):
     """After the first step a failed save was a traceback: now one warning line, the run goes on;
     a damaged artifacts file is a warning and a cold start."""
     lines = []
@@ -265,6 +266,7 @@ def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp
     (tmp_path / COMPILE_ARTIFACTS).write_bytes(b"garbage" * 10)
     assert load_artifacts(tmp_path / COMPILE_ARTIFACTS, lines.append) is False
     assert "starting cold" in lines[-1] and str(tmp_path / COMPILE_ARTIFACTS) in lines[-1]
+    assert not [r for r in caplog.records if r.name.startswith("torch.compiler")], "torch's traceback warning"
 
 
 

@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from dflash_train.files import UserFacingError, atomic_write_text, describe_os_error, read_text
+from dflash_train.files import UserFacingError, describe_os_error, read_text
 from dflash_train.run_folder import (
     CHECKSUMS,
     COMPLETE,
@@ -106,7 +106,9 @@ def _barrier(group=None) -> None:
 
 
 def _write_json(path: Path, data) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1), "checkpoint file")
+    """A JSON file inside ``step-N.tmp``: a plain write (the folder's rename is the atomic step),
+    so that a failure reaches ``save`` as an ``OSError`` and is named as the checkpoint's."""
+    _write_text(path, json.dumps(data, indent=1))
 
 
 def _read_json(path: Path):

@@ -20,6 +20,7 @@ backward) during the first step. On an empty cache that is most of a short run, 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -60,10 +61,17 @@ def load_artifacts(path: Path, echo=print) -> bool:
     except OSError as err:
         echo(f"warning: {describe_os_error(err, 'cannot read compile artifacts', path)}; starting cold")
         return False
+    # torch logs a bad file with a traceback and returns None (some versions raise): one line here
+    quiet = logging.getLogger("torch.compiler._cache")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
-        torch.compiler.load_cache_artifacts(data)
+        loaded, reason = torch.compiler.load_cache_artifacts(data), "not readable by this torch"
     except Exception as err:  # noqa: BLE001 - whatever the loader raises on bad bytes: a cold start
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+        loaded, reason = None, (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+    finally:
+        quiet.setLevel(level)
+    if loaded is None:
         echo(f"warning: compile artifacts {path} are damaged or from another torch ({reason}); starting cold "
              f"(the first step compiles)")
         return False
