@@ -309,3 +309,40 @@ def test_export_takes_the_target_from_the_run_config(tmp_path, capsys):
     assert main(["export", str(tmp_path / "run"), str(out)]) == 0
     printed = capsys.readouterr().out
     assert '"tokenizer": true' in printed and (out / "tokenizer_config.json").exists()
+
+
+def test_disk_full_during_a_save_stops_the_run_in_one_line(tmp_path, monkeypatch):
+    """ENOSPC out of DCP's writer (wrapped in a ``CheckpointException``, as DCP does) during the
+    second save: one line naming the checkpoint and how to continue, the partial ``step-N.tmp``
+    removed, the earlier checkpoint intact; a resume then finishes the run."""
+    import errno
+
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
+
+    from dflash_train.train import checkpoint as checkpoint_mod
+
+    real_save, calls = checkpoint_mod.dcp.save, []
+
+    def full_on_the_second(state, storage_writer=None, process_group=None):
+        calls.append(1)
+        if len(calls) < 2:
+            return real_save(state, storage_writer=storage_writer, process_group=process_group)
+        partial = next((tmp_path / "run" / "checkpoints").glob("*.tmp")) / "state"
+        partial.mkdir()
+        (partial / "model-00001.safetensors").write_bytes(b"x" * 1000)  # half written when the disk filled
+        err = OSError(errno.ENOSPC, "No space left on device")
+        raise CheckpointException("failed", {0: _wrap_exception(err)})
+
+    monkeypatch.setattr(checkpoint_mod.dcp, "save", full_on_the_second)
+    folder = tmp_path / "run"
+    with pytest.raises(ValueError) as caught:
+        run(job(tmp_path, max_steps=4, save_every_steps=2))
+    text = str(caught.value)
+    assert "\n" not in text and "[Errno" not in text, text
+    assert f"cannot save checkpoint {folder / 'checkpoints' / 'step-00000004'}: no space left" in text
+    assert "train.resume=auto" in text
+    assert names(folder) == ["step-00000002"]
+    assert not [p for p in folder.rglob("*") if ".tmp" in p.name]
+    monkeypatch.undo()
+    run(job(tmp_path, max_steps=4, save_every_steps=2, resume="auto"))
+    assert names(folder) == ["step-00000002", "step-00000004"]

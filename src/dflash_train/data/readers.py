@@ -13,9 +13,12 @@ reported with ``file:line``; JSON arrays, Parquet rows and Arrow rows are report
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from dflash_train.files import UserFacingError, explained
 
 from .errors import DataError, SkipReport, handle
 from .records import normalize, plain_text, record_kind
@@ -37,6 +40,9 @@ def resolve_files(paths: list[str]) -> list[Path]:
     for raw in paths:
         p = Path(raw).expanduser()
         if not p.exists():
+            if p.is_symlink():  # a dangling link or a loop: named as such
+                with explained("data path", p):
+                    os.stat(p)
             raise FileNotFoundError(f"data path not found: {raw}")
         if p.is_dir() and _is_saved_dataset(p):
             out.append(p)
@@ -52,12 +58,23 @@ def resolve_files(paths: list[str]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _walk(folder: Path) -> list[Path]:
-    """Data files and saved datasets under ``folder``, not descending into saved datasets' internals."""
+def _walk(folder: Path, visited: set[Path] | None = None) -> list[Path]:
+    """Data files and saved datasets under ``folder``, not descending into saved datasets' internals.
+
+    Linked folders are followed (a data folder of links is common), each real folder once:
+    a link back up the tree (``data/a/loop -> ..``) would otherwise recurse until the path is
+    too long."""
+    visited = set() if visited is None else visited
+    real = folder.resolve()
+    if real in visited:
+        return []
+    visited.add(real)
+    with explained("cannot read data folder", folder):
+        children = sorted(folder.iterdir())
     found: list[Path] = []
-    for child in sorted(folder.iterdir()):
+    for child in children:
         if child.is_dir():
-            found.extend([child] if _is_saved_dataset(child) else _walk(child))
+            found.extend([child] if _is_saved_dataset(child) else _walk(child, visited))
         elif child.suffix in DATA_SUFFIXES:
             found.append(child)
     return found
@@ -107,9 +124,19 @@ def _raw_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[st
 
 
 def _jsonl_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:
-    """Line-by-line so each bad line is reported; undecodable lines are counted as read and skipped."""
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
+    """Line-by-line so each bad line is reported; undecodable lines are counted as read and skipped.
+    An unreadable file (permissions, an I/O error mid-read) is one line naming it; only the
+    reads are explained, never what the consumer of a yielded row raises."""
+    with explained("cannot read data file", path):
+        fh = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    with fh:
+        lineno = 0
+        while True:
+            with explained("cannot read data file", path):
+                raw = fh.readline()
+            if not raw:
+                break
+            lineno += 1
             if not raw.strip():
                 continue
             location = f"{path}:{lineno}"
@@ -120,20 +147,24 @@ def _jsonl_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[
                 handle(DataError(location, "<line>", "bad_encoding", str(err)), report, strict)
                 continue
             try:
-                yield location, json.loads(text)
-            except json.JSONDecodeError as err:
+                row = json.loads(text)
+            except (json.JSONDecodeError, RecursionError) as err:
                 report.read += 1
-                handle(DataError(location, "<line>", "malformed_json", str(err)), report, strict)
+                handle(DataError(location, "<line>", "malformed_json", _json_reason(err)), report, strict)
+                continue
+            yield location, row
 
 
 def _json_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[str, object]]:
     location = f"{path}:1"
+    with explained("cannot read data file", path):
+        data = path.read_bytes()
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        data = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         report.read += 1
         reason = "bad_encoding" if isinstance(err, UnicodeDecodeError) else "malformed_json"
-        handle(DataError(location, "<file>", reason, str(err)), report, strict)
+        handle(DataError(location, "<file>", reason, _json_reason(err)), report, strict)
         return
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
@@ -143,11 +174,22 @@ def _json_rows(path: Path, report: SkipReport, strict: bool) -> Iterator[tuple[s
         yield f"{path}:{i}", row
 
 
+def _json_reason(err: Exception) -> str:
+    return "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+
+
 def _parquet_rows(path: Path) -> Iterator[tuple[str, object]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        with explained("cannot read data file", path):
+            batches = pq.ParquetFile(path).iter_batches(batch_size=1024)
+    except pa.ArrowException as err:
+        raise UserFacingError(f"data file {path}: not a readable Parquet file ({str(err)[:200]}); "
+                              f"check or re-export it") from None
     n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+    for batch in batches:
         for row in batch.to_pylist():
             n += 1
             yield f"{path}:{n}", row

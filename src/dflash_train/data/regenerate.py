@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_train.decoding.generators import Generator, SamplingParams
+from dflash_train.files import explained
 
 from .errors import DataError, SkipReport, handle
 from .readers import Record
@@ -38,11 +39,16 @@ class Summary:
                 + report.format())
 
 
+OUTPUT_TODO = "free space or choose another --output"
+
+
 def recover_output(path: Path) -> set[str]:
-    """Ids already written; an unterminated or unparsable last line is cut off."""
-    if not path.exists():
+    """Ids already written; an unterminated or unparsable last line is cut off (the line a
+    kill, a full disk or an I/O error tore: its record is regenerated)."""
+    if not path.exists() and not path.is_symlink():
         return set()
-    data = path.read_bytes()
+    with explained("cannot read regenerated data", path):
+        data = path.read_bytes()
     ids, good_end, pos = set(), 0, 0
     while pos < len(data):
         nl = data.find(b"\n", pos)
@@ -58,7 +64,7 @@ def recover_output(path: Path) -> set[str]:
                 break
         good_end = pos = nl + 1
     if good_end < len(data):
-        with open(path, "r+b") as fh:
+        with explained("cannot write regenerated data", path, OUTPUT_TODO), open(path, "r+b") as fh:
             fh.truncate(good_end)
     return ids
 
@@ -84,11 +90,17 @@ def run_regenerate(records: Iterable[Record], generator: Generator, out: Path, p
                    progress: bool = True) -> Summary:
     from tqdm import tqdm
 
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Regenerate ``records`` into ``out`` (appending; see the module docstring). A write that
+    fails (no space, an I/O error) is one line naming ``out``; the lines written before it are
+    kept, and a rerun continues after them."""
+    with explained("cannot write regenerated data", out, OUTPUT_TODO):
+        out.parent.mkdir(parents=True, exist_ok=True)
     done_ids, seen, summary = recover_output(out), set(), Summary()
     start = time.perf_counter()
     bar = tqdm(total=limit, unit="rec", disable=not progress, file=sys.stderr, desc="regenerate")
-    with open(out, "a", encoding="utf-8") as fh:
+    with explained("cannot write regenerated data", out, OUTPUT_TODO):
+        fh = open(out, "a", encoding="utf-8")  # noqa: SIM115 - closed below; only its errors are explained here
+    with fh:
         batch: list[Record] = []
         for rec in _limited(records, limit):
             if rec.id in seen:
@@ -118,10 +130,11 @@ def _limited(records: Iterable[Record], limit: int | None) -> Iterable[Record]:
 
 def _flush(generator, batch, params, fh, summary: Summary, report: SkipReport, bar, start: float) -> None:
     convs, tokens = regenerate_batch(generator, batch, params)
-    for rec, conv in zip(batch, convs):
-        fh.write(json.dumps({"id": rec.id, "messages": conv, "source": rec.location}, ensure_ascii=False) + "\n")
-    fh.flush()
-    os.fsync(fh.fileno())
+    with explained("cannot write regenerated data", fh.name, OUTPUT_TODO):
+        for rec, conv in zip(batch, convs):
+            fh.write(json.dumps({"id": rec.id, "messages": conv, "source": rec.location}, ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     summary.done += len(batch)
     report.kept += len(batch)
     summary.new_tokens += tokens

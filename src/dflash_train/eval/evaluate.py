@@ -14,6 +14,7 @@ that position, the speculative token is within :data:`TIE_TOLERANCE` of the top 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import torch
 
 from dflash_train.decoding.core import GenResult, SpecResult
 from dflash_train.decoding.speculative import speculative_generate, target_generate
+from dflash_train.files import atomic_write_bytes, atomic_write_text, explained
 
 # Largest gap (plain decode's top-1 logit minus the logit of the token speculative decoding
 # chose) that still counts as a rounding near-tie at the first divergence.
@@ -392,15 +394,24 @@ def plot_report(report: dict, path: str | os.PathLike) -> Path:
                  f"T={report['temperature']}")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, png.getvalue(), "eval plot", REPORT_TODO)
     return path
 
 
+REPORT_TODO = "free space or choose another output folder"
+
+
 def write_report(report: dict, out_dir: str | os.PathLike) -> tuple[Path, Path]:
-    """Write ``eval.json`` and ``eval.png`` into ``out_dir``."""
+    """Write ``eval.json`` and ``eval.png`` into ``out_dir``, each atomically: a failure (no
+    space, read-only, ...) is one line naming the file, an earlier report intact, no temp left."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    with explained("cannot write the eval report folder", out, REPORT_TODO):
+        out.mkdir(parents=True, exist_ok=True)
     json_path = out / "eval.json"
-    json_path.write_text(json.dumps(report, indent=2))
+    atomic_write_text(json_path, json.dumps(report, indent=2), "eval report", REPORT_TODO)
     return json_path, plot_report(report, out / "eval.png")

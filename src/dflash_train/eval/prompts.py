@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from dflash_train.data.records import prompt_messages
+from dflash_train.files import explained
 
 
 def record_prompt(record, where: str) -> list[dict]:
@@ -26,14 +27,29 @@ def read_prompts(path: str | os.PathLike, limit: int | None = None) -> list[list
     if limit is not None and limit < 1:
         raise ValueError(f"prompt limit must be >= 1 (or none for all prompts), got {limit}")
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"prompts file not found: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        return _parse_prompts(path, _read_text(path), limit)
+    except RecursionError:
+        raise ValueError(f"{path}: malformed JSON (nested too deeply)") from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's UTF-8 text, or one line: unreadable (a dangling link, a loop, a folder, an
+    I/O error) or not UTF-8 (``file:line``)."""
+    with explained("cannot read prompts", path):
+        data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not UTF-8 text ({err.reason} at byte {err.start}); "
+        line = data[: err.start].count(b"\n") + 1
+        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise ValueError(f"{path}:{line}: not UTF-8 text{hint} ({err.reason} at byte {err.start}); "
                          f"save the prompts file as UTF-8") from None
+
+
+def _parse_prompts(path: Path, text: str, limit: int | None) -> list[list[dict]]:
     out: list[list[dict]] = []
     if path.suffix == ".jsonl":
         for lineno, line in enumerate(text.splitlines(), 1):

@@ -29,7 +29,9 @@ import ast
 import dataclasses
 import json
 import os
+import re
 import shutil
+import time
 import uuid
 from collections.abc import Mapping
 from importlib import resources
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from dflash_train.files import explained, note, read_text, staged_folder, sweep_stale_temps
 from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
 from dflash_train.models.drafter import DFlashDrafter
 
@@ -387,6 +390,47 @@ def _prepare_out_dir(out: Path, force: bool) -> None:
         )
 
 
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:  # inside the staged folder: atomic by its rename
+        fh.write(text)
+
+
+def _publish(tmp: Path, out: Path, force: bool) -> None:
+    """Move the finished folder into place; an ``out`` replaced under ``force`` is renamed aside
+    first and put back if the second rename fails, so ``out`` is always one complete export."""
+    _prepare_out_dir(out, force)  # re-check: something may have appeared meanwhile
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"  # not a temp name: never swept
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# an export's temporary before the staged folder (no owner in its name): swept when an hour old
+_LEGACY_TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{8}$")
+LEGACY_TEMP_AGE_S = 3600.0
+
+
+def sweep_stale_exports(out: Path, echo=note) -> list[Path]:
+    """Remove the temporaries of killed exports next to ``out`` (one note line): the staged
+    folder's names carry their owner (pid@host), so a dead owner's is swept at once; older
+    exports' ``.<name>.tmp-<8 hex>`` carry none and are swept once an hour old (no export
+    takes that long, so none is in flight)."""
+    def legacy(path: Path) -> bool:
+        try:
+            return bool(_LEGACY_TEMP.match(path.name)) and time.time() - path.lstat().st_mtime > LEGACY_TEMP_AGE_S
+        except OSError:
+            return False
+
+    return sweep_stale_temps(out.parent, echo, legacy)
+
+
 def export_drafter(
     drafter: DFlashDrafter,
     cfg: DrafterConfig,
@@ -399,7 +443,9 @@ def export_drafter(
     """Write the serving folder (docs/spec.md section 4) for ``drafter`` to ``out_dir``; return its path.
 
     The folder is built in a temporary sibling and renamed into place, so ``out_dir``
-    is either the complete new export or untouched. ``dtype`` casts the saved weights
+    is either the complete new export or untouched; a failure (no space, read-only, an I/O
+    error) removes the temporary and is one line naming ``out_dir``; a killed export's
+    temporary is swept at the next export into the same parent folder (``sweep_stale_exports``). ``dtype`` casts the saved weights
     (default: bfloat16, as the authors ship; ``torch.float32`` keeps a float32 drafter exact).
     """
     out = Path(out_dir).expanduser().absolute()
@@ -413,28 +459,16 @@ def export_drafter(
 
     from safetensors.torch import save_file
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    sweep_stale_exports(out)
+    with staged_folder(out, "export", "free space or choose another output folder",
+                       publish=lambda tmp, final: _publish(tmp, final, force)) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        (tmp / MODELING_FILE).write_text(modeling, encoding="utf-8")
-        (tmp / "README.md").write_text(_readme(config), encoding="utf-8")
+        _write_text(tmp / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        _write_text(tmp / MODELING_FILE, modeling)
+        _write_text(tmp / "README.md", _readme(config))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         _check_written(tmp, cfg)
-        _prepare_out_dir(out, force)  # re-check: something may have appeared meanwhile
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -458,12 +492,15 @@ class _Shape:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path} not found")
+    text = read_text(path, "file", max_bytes=64 << 20)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -474,8 +511,10 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path} not found")
+    with explained("cannot read", path), open(path, "rb"):  # unreadable: one line (the reader is not Python)
+        pass
     try:
         return load_file(str(path))
     except Exception as err:  # SafetensorError, OSError, ... : all mean "unreadable file"

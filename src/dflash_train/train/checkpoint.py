@@ -51,6 +51,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from dflash_train.files import UserFacingError, describe_os_error, read_text
 from dflash_train.run_folder import (
     CHECKSUMS,
     COMPLETE,
@@ -105,16 +106,45 @@ def _barrier(group=None) -> None:
 
 
 def _write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(data, indent=1))
+    """A JSON file inside ``step-N.tmp``: a plain write (the folder's rename is the atomic step),
+    so that a failure reaches ``save`` as an ``OSError`` and is named as the checkpoint's."""
+    _write_text(path, json.dumps(data, indent=1))
 
 
 def _read_json(path: Path):
+    """A checkpoint's JSON file, or one line naming it (missing, unreadable, not UTF-8, corrupt)."""
+    if not path.exists() and not path.is_symlink():
+        raise UserFacingError(f"checkpoint file missing: {path}")
+    text = read_text(path, "checkpoint file")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as err:
-        raise ValueError(f"checkpoint file missing: {path}") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"checkpoint file corrupt: {path} ({err})") from err
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserFacingError(f"checkpoint file corrupt: {path} ({err})") from None
+    except RecursionError:
+        raise UserFacingError(f"checkpoint file corrupt: {path} (nested too deeply)") from None
+
+
+def _read_mapping(path: Path) -> dict:
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise UserFacingError(f"checkpoint file corrupt: {path} (a JSON object expected, found "
+                              f"{type(data).__name__})")
+    return data
+
+
+SAVE_TODO = ("free space or set train.run_dir elsewhere, then continue with the same config and "
+             "train.resume=auto (the earlier checkpoints are intact)")
+
+
+def _save_failure(err: BaseException, final: Path) -> UserFacingError | None:
+    """One line for a failed save (None: not a file-system fault, re-raise as it is). DCP wraps a
+    writer's ``OSError`` (e.g. ENOSPC) in a ``CheckpointException`` holding each rank's failure."""
+    if isinstance(err, CheckpointException):
+        inner = [pair[0] for pair in err.failures.values() if isinstance(pair, tuple) and pair]
+        err = next((e for e in inner if isinstance(e, OSError)), None)
+    if isinstance(err, OSError):
+        return UserFacingError(describe_os_error(err, "cannot save checkpoint", final, SAVE_TODO))
+    return None
 
 
 def _full_weights(drafter) -> dict:
@@ -125,6 +155,11 @@ def _full_weights(drafter) -> dict:
             v = v.full_tensor()
         out[k] = v.detach().float().cpu().contiguous()
     return out
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as fh:  # inside the ``.tmp`` folder: atomic by the folder's rename
+        fh.write(text)
 
 
 # -- the tensors: model and optimizer through DCP ------------------------------------------------
@@ -198,25 +233,40 @@ class CheckpointManager:
 
     # -- save --------------------------------------------------------------------------------
     def save(self) -> Path:
-        """Save everything a resume needs as ``checkpoints/step-N`` (N: ``step()``); returns it."""
+        """Save everything a resume needs as ``checkpoints/step-N`` (N: ``step()``); returns it.
+
+        A save that fails (no space, quota, read-only, an I/O error: in DCP's writer, safetensors
+        or a JSON file) removes its ``step-N.tmp`` at once and raises one line naming the
+        checkpoint, ending with how to continue. The run then *stops*, it does not train on:
+        every further step would be work that no checkpoint holds (and the next save would most
+        likely fail the same way), so stopping with the earlier checkpoints intact loses the
+        least. A ``step-N.tmp`` of a killed save is swept by the run lock at the next start."""
         final = checkpoint_dir(self.run_dir, self.step())
-        tmp = self._begin(final)
-        self._write(tmp)
+        tmp = final.with_name(final.name + ".tmp")
+        try:
+            self._begin(tmp)
+            self._write(tmp)
+            if _rank() == 0:
+                self._commit(tmp, final)
+        except BaseException as err:
+            if _rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            explained = _save_failure(err, final)
+            if explained is None:
+                raise
+            raise explained from None
         if _rank() == 0:
-            self._commit(tmp, final)
             self.written.add(final.name)
             self.prune()
         _barrier(self.group)
         return final
 
-    def _begin(self, final: Path) -> Path:
+    def _begin(self, tmp: Path) -> None:
         """A fresh, empty ``step-N.tmp`` next to where the checkpoint will be (rank 0 makes it)."""
-        tmp = final.with_name(final.name + ".tmp")
         if _rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier(self.group)
-        return tmp
 
     def _write(self, tmp: Path) -> None:
         """Every rank's shards, then rank 0's files, checksums and, last, the COMPLETE marker."""
@@ -232,7 +282,7 @@ class CheckpointManager:
         _write_json(tmp / DRAFTER_CONFIG, self.drafter_config)
         save_file(weights, str(tmp / DRAFTER_WEIGHTS))
         _write_json(tmp / CHECKSUMS, file_checksums(tmp))
-        (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+        _write_text(tmp / COMPLETE, time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     def _commit(self, tmp: Path, final: Path) -> None:
         """Rename ``tmp`` to ``final``. A ``final`` already there is this run's own step N (a stop
@@ -244,7 +294,11 @@ class CheckpointManager:
             old = final.with_name(final.name + ".old")
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
-            tmp.rename(final)
+            try:
+                tmp.rename(final)
+            except BaseException:
+                old.rename(final)  # the old one back: it is the only complete step N
+                raise
             shutil.rmtree(old)
             return
         if final.exists():
@@ -269,17 +323,21 @@ class CheckpointManager:
         """Restore every part from ``path`` (refused when the config differs) and record the
         step resumed from."""
         path = Path(path)
-        diffs = config_differences(_read_json(path / CONFIG), self.config)
-        diffs += config_differences(_read_json(path / DRAFTER_CONFIG), self.drafter_config, "drafter(resolved).")
+        diffs = config_differences(_read_mapping(path / CONFIG), self.config)
+        diffs += config_differences(_read_mapping(path / DRAFTER_CONFIG), self.drafter_config, "drafter(resolved).")
         if diffs:
             raise ValueError(f"cannot resume from {path}: the config differs:\n  " + "\n  ".join(diffs))
         self.tensors.load(path, self.group)
-        saved = _read_json(path / PARTS)
+        saved = _read_mapping(path / PARTS)
         missing = sorted(set(self.parts) - set(saved))
         if missing:
             raise ValueError(f"checkpoint {path / PARTS} lacks {missing}")
         for name, part in self.parts.items():
-            part.load_state_dict(saved[name])
+            try:
+                part.load_state_dict(saved[name])
+            except (KeyError, TypeError, ValueError, IndexError) as err:
+                raise UserFacingError(f"checkpoint file corrupt: {path / PARTS}: entry {name!r} does not fit "
+                                      f"({type(err).__name__}: {err}); resume from another checkpoint") from None
         self.resumed_step = self.step()
 
 

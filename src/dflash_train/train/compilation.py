@@ -20,11 +20,13 @@ backward) during the first step. On an empty cache that is most of a short run, 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import torch
 
+from dflash_train.files import UserFacingError, atomic_write_bytes, describe_os_error
 from dflash_train.run_folder import COMPILE_ARTIFACTS
 
 
@@ -48,24 +50,56 @@ def cache_state(folder: Path) -> str:
     return "warm" if any(p.is_dir() and any(p.iterdir()) for p in graphs) else "empty"
 
 
-def load_artifacts(path: Path) -> bool:
-    """Pre-populate the caches from a ``save_cache_artifacts`` file; False if there is none."""
+def load_artifacts(path: Path, echo=print) -> bool:
+    """Pre-populate the caches from a ``save_cache_artifacts`` file; False if there is none, or
+    if it cannot be read or used (a warning line: the artifacts only save compile time, so a
+    damaged file means a cold start, never a failed run)."""
     if not path.is_file():
         return False
-    torch.compiler.load_cache_artifacts(path.read_bytes())
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        echo(f"warning: {describe_os_error(err, 'cannot read compile artifacts', path)}; starting cold")
+        return False
+    # torch logs a bad file with a traceback and returns None (some versions raise): one line here
+    quiet = logging.getLogger("torch.compiler._cache")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        loaded, reason = torch.compiler.load_cache_artifacts(data), "not readable by this torch"
+    except Exception as err:  # noqa: BLE001 - whatever the loader raises on bad bytes: a cold start
+        loaded, reason = None, (str(err).strip().splitlines() or [type(err).__name__])[-1][:200]
+    finally:
+        quiet.setLevel(level)
+    if loaded is None:
+        echo(f"warning: compile artifacts {path} are damaged or from another torch ({reason}); starting cold "
+             f"(the first step compiles)")
+        return False
     return True
 
 
 def save_artifacts(path: Path) -> int:
-    """Write what this process compiled so far; the number of bytes (0: nothing compiled)."""
+    """Write what this process compiled so far, atomically; the number of bytes (0: nothing
+    compiled). A failure is one line (``UserFacingError``), the previous file intact."""
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         return 0
     data, _info = saved
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic_write_bytes(path, data, "compile artifacts", "free space or set train.run_dir elsewhere")
     return len(data)
+
+
+def save_artifacts_or_warn(path: Path, echo=print) -> int:
+    """``save_artifacts``, a failure a warning line: the run goes on (the artifacts only save
+    a later run's compile time; a run stopped for them would lose real work)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return save_artifacts(path)
+    except OSError as err:
+        echo(f"warning: {describe_os_error(err, 'cannot write compile artifacts', path)}; the next run compiles")
+    except UserFacingError as err:
+        echo(f"warning: {err}; the next run compiles")
+    return 0
 
 
 def compile_seconds() -> dict[str, float]:
@@ -150,10 +184,10 @@ class FirstStep:
         self.lookups_before = cache_lookups()
         self.cache_dir = use_persistent_cache()
         self.state = cache_state(self.cache_dir)
+        if artifacts and not Path(artifacts).is_file():
+            raise FileNotFoundError(f"train.compile_artifacts: {artifacts} does not exist (or is not a file)")
         loaded = [p for p in (Path(artifacts) if artifacts else None, run_dir / COMPILE_ARTIFACTS)
-                  if p is not None and load_artifacts(p)]
-        if artifacts and not loaded:
-            raise FileNotFoundError(f"train.compile_artifacts: {artifacts} does not exist")
+                  if p is not None and load_artifacts(p, echo)]
         if loaded:
             self.state = "warm"
         source = f", artifacts {', '.join(map(str, loaded))}" if loaded else ""
@@ -173,7 +207,6 @@ class FirstStep:
                   f"this run: {cached['compile_cache_result']}; graphs: {graphs['from_cache']} from the cache, "
                   f"{graphs['compiled']} compiled)")
         if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_artifacts(self.run_dir / COMPILE_ARTIFACTS)
+            save_artifacts_or_warn(self.run_dir / COMPILE_ARTIFACTS, self.echo)
         return {"first_step_s": seconds, "compile_s": spent["total"], "compile_cache": self.state,
                 "compile_graphs": graphs, **cached}

@@ -16,6 +16,7 @@ from dflash_train.config import JobConfig, TargetConfig
 from dflash_train.data import DataConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
+from dflash_train.files import atomic_write_text
 from dflash_train.run_folder import CONFIG, SUMMARY
 from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
@@ -42,12 +43,20 @@ class Every:
         return by_steps or by_time
 
 
+RUN_DIR_TODO = "free space or set train.run_dir elsewhere"
+
+
 def write_run_config(trainer: Trainer) -> None:
     if not trainer.ranks.is_main:
         return
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**trainer.cfg.to_dict(), "drafter_resolved": trainer.drafter_cfg.to_dict()}
-    (trainer.run_dir / CONFIG).write_text(json.dumps(resolved, indent=1))
+    atomic_write_text(trainer.run_dir / CONFIG, json.dumps(resolved, indent=1), "run config", RUN_DIR_TODO)
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """``summary.json``, atomically: a failed write leaves the previous one and is one line."""
+    atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(summary, indent=1), "run summary", RUN_DIR_TODO)
 
 
 def tokenize_before_target(data: DataConfig, target: TargetConfig, block_size: int) -> None:
@@ -168,7 +177,7 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
             summary["tau_after"] = evaluator(trainer)
         trainer.logger.close()
         if trainer.ranks.is_main:
-            (trainer.run_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
+            write_summary(trainer.run_dir, summary)
             trainer.checkpoints.prune()  # the checkpoint the old summary named may go now
     return final
 

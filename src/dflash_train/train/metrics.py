@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from dflash_train.files import atomic_write_text, explained
 from dflash_train.objective.blocks import expected_acceptance_from_accuracy
 from dflash_train.objective.loss import AcceptanceStats
 from dflash_train.run_folder import METRICS, TENSORBOARD
@@ -67,8 +67,38 @@ class MetricWindow:
         return out
 
 
+WRITE_TODO = "free space or set train.run_dir elsewhere"
+
+
+def _tensorboard(folder: Path, **kwargs):
+    from torch.utils.tensorboard import SummaryWriter
+
+    with explained("cannot write TensorBoard logs", folder, WRITE_TODO):
+        return SummaryWriter(str(folder), **kwargs)
+
+
+def _read_rows(path: Path) -> list[tuple[str, dict]]:
+    """``(line, row)`` for every line of ``path`` that is a JSON object; torn, garbled or
+    non-UTF-8 lines (a kill mid-append, a bad disk) are skipped. Unreadable: one line."""
+    with explained("cannot read metrics", path):
+        data = path.read_bytes()
+    rows = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(row, dict):
+            rows.append((line, row))
+    return rows
+
+
 class MetricLogger:
-    """Writes every record to ``metrics.jsonl`` and TensorBoard, and a short console line."""
+    """Writes every record to ``metrics.jsonl`` and TensorBoard, and a short console line.
+
+    A write that fails (no space, an I/O error) is one line naming the file: the run stops
+    there, its last checkpoint intact; a line half-written by it is dropped at the resume
+    (``rewind``)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
         self.enabled = enabled
@@ -76,9 +106,7 @@ class MetricLogger:
         self.tensorboard_dir = run_dir / TENSORBOARD
         self.writer = None
         if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.tensorboard_dir))
+            self.writer = _tensorboard(self.tensorboard_dir)
 
     def rewind(self, step: int) -> list[dict]:
         """Start logging after ``step`` (a resume; -1 for a fresh run) so the run reads as one:
@@ -89,30 +117,22 @@ class MetricLogger:
         if not self.enabled:
             return []
         kept, lines = [], []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+        if self.path.exists() or self.path.is_symlink():
+            for line, row in _read_rows(self.path):
+                if isinstance(row.get("step"), int) and row["step"] <= step:
                     kept.append(row)
                     lines.append(line)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in lines))
-            os.replace(tmp, self.path)
+            atomic_write_text(self.path, "".join(line + "\n" for line in lines), "metrics", WRITE_TODO)
         if self.writer is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
             self.writer.close()
-            self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=step + 1)
+            self.writer = _tensorboard(self.tensorboard_dir, purge_step=step + 1)
         return kept
 
     def log(self, step: int, record: dict, echo=print) -> None:
         if not self.enabled:
             return
         record = {"step": step, **record}
-        with self.path.open("a") as f:
+        with explained("cannot write metrics", self.path, WRITE_TODO), self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in record.items():

@@ -1,0 +1,421 @@
+"""The read/write points wired in the second round of issue 39 (docs/faults.md): checkpoint save
+and load, export, the run folder's metrics/summary/config, compile artifacts, eval reports,
+regeneration output, the data readers and prompt files, each under every fault that applies
+(``fault_harness.py``). On 7f9d2a4 these fail: ENOSPC tracebacks out of DCP and a ``step-N.tmp``
+left behind, raw ``OSError``s, ``metrics.jsonl.tmp`` debris, a data folder's link loop
+recursing until the path is too long."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+from fault_harness import READ_ERRNOS, STAGES, WRITE_ERRNOS, Point, cases, drive
+from testkit import tiny_drafter, tiny_qwen3
+
+from dflash_train import files
+from dflash_train.data.errors import SkipReport
+from dflash_train.data.readers import read_records, resolve_files
+from dflash_train.data.regenerate import run_regenerate
+from dflash_train.decoding.generators import Generation, Generator, SamplingParams
+from dflash_train.eval.evaluate import write_report
+from dflash_train.eval.prompts import read_prompts
+from dflash_train.export.cli import read_training_artifact
+from dflash_train.export.serving import export_drafter
+from dflash_train.models.target import Target
+from dflash_train.run_folder import (
+    CHECKSUMS,
+    COMPILE_ARTIFACTS,
+    CONFIG,
+    DRAFTER_CONFIG,
+    DRAFTER_WEIGHTS,
+    METRICS,
+    SUMMARY,
+    file_checksums,
+)
+from dflash_train.train.checkpoint import PARTS, CheckpointManager
+from dflash_train.train.compilation import load_artifacts, save_artifacts, save_artifacts_or_warn
+from dflash_train.train.loop import write_run_config, write_summary
+from dflash_train.train.metrics import MetricLogger
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+class _Position:
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def _manager(run_dir: Path) -> dict:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    clock = {"step": 2}
+    manager = CheckpointManager(run_dir, model=model, optimizer=optimizer, drafter=model,
+                                parts={"position": _Position()}, config={"train": {"seed": 0}},
+                                drafter_config={"block_size": 4}, step=lambda: clock["step"], keep_last=3,
+                                echo=lambda *a: None)
+    return {"manager": manager, "clock": clock, "run": run_dir}
+
+
+def _save_setup(tmp):
+    ctx = _manager(tmp / "run")
+    ctx["earlier"] = ctx["manager"].save()  # step 2: must survive a failed save of step 4
+    ctx["clock"]["step"] = 4
+    return ctx
+
+
+def _earlier_files(ctx) -> list[Path]:
+    return sorted(p for p in ctx["earlier"].rglob("*") if p.is_file())
+
+
+CHECKPOINT_SAVE = Point(
+    name="checkpoint-save", setup=_save_setup, writes=True, act=lambda ctx: ctx["manager"].save(),
+    target=lambda ctx: ctx["run"] / "checkpoints" / "step-00000004", keep=_earlier_files,
+    names=lambda ctx: f"cannot save checkpoint {ctx['run'] / 'checkpoints' / 'step-00000004'}:",
+    check=lambda ctx, final: (final / "COMPLETE").is_file() or pytest.fail("no COMPLETE"),
+)
+
+
+def _load_point(file: str, wrong_types: list[bytes], wrong_names: list[str]) -> Point:
+    return Point(
+        name=f"checkpoint-load-{file}", setup=_save_setup, act=lambda ctx: ctx["manager"].load(ctx["earlier"]),
+        target=lambda ctx: ctx["earlier"] / file, names=lambda ctx: ctx["earlier"].name, content=lambda ctx: (ctx["earlier"] / file).read_bytes(),
+        wrong_types=wrong_types, wrong_type_names=wrong_names,
+    )
+
+
+CHECKPOINT_LOAD = [
+    _load_point(CONFIG, [b"[1, 2]", b'"text"'], [CONFIG, CONFIG]),
+    _load_point(PARTS, [b"[1, 2]", b'{"position": 3}'], [PARTS, PARTS]),
+]
+
+
+# -- export ---------------------------------------------------------------------------------------
+_DRAFTER = {}
+
+
+def _tiny():
+    if not _DRAFTER:
+        drafter, cfg = tiny_drafter(Target(tiny_qwen3()), num_layers=1)
+        _DRAFTER.update(drafter=drafter.eval(), cfg=cfg)
+    return _DRAFTER["drafter"], _DRAFTER["cfg"]
+
+
+def _export_setup(tmp):
+    drafter, cfg = _tiny()
+    out = export_drafter(drafter, cfg, tmp / "export", dtype=torch.float32)  # replaced with force: kept on failure
+    return {"out": out, "drafter": drafter, "cfg": cfg}
+
+
+EXPORT_WRITE = Point(
+    name="export-write", setup=_export_setup, writes=True,
+    act=lambda ctx: export_drafter(ctx["drafter"], ctx["cfg"], ctx["out"], force=True, dtype=torch.float32),
+    target=lambda ctx: ctx["out"], keep=lambda ctx: sorted(p for p in ctx["out"].iterdir() if p.is_file()),
+    check=lambda ctx, out: (out / "config.json").is_file() or pytest.fail("no config.json"),
+)
+
+
+def _artifact_setup(tmp):
+    ctx = _manager(tmp / "run")
+    _tiny_drafter, cfg = _tiny()
+    ckpt = ctx["manager"].save()
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in _tiny_drafter.state_dict().items()}, str(ckpt / DRAFTER_WEIGHTS))
+    (ckpt / DRAFTER_CONFIG).write_text(json.dumps(cfg.to_dict()))
+    (ckpt / CHECKSUMS).write_text(json.dumps(file_checksums(ckpt)))
+    return ckpt
+
+
+def _artifact_point(file: str, faults: list[str] | None = None, wrong_types=()) -> Point:
+    """The export's reads of a checkpoint: behind its checksums, so every fault is one line
+    naming the checkpoint (and what to export instead)."""
+    ckpt_name = "step-00000002"
+    return Point(
+        name=f"export-read-{file}", setup=_artifact_setup, act=read_training_artifact,
+        target=lambda ckpt: ckpt / file, content=lambda ckpt: (ckpt / file).read_bytes(), faults=faults,
+        names=lambda ckpt: ckpt.name, wrong_type_names=[ckpt_name] * len(wrong_types),
+        wrong_types=list(wrong_types),
+    )
+
+
+EXPORT_READ = [
+    _artifact_point(DRAFTER_CONFIG, wrong_types=[b"[1]", b'{"block_size": "big"}']),
+    _artifact_point(DRAFTER_WEIGHTS, faults=["read:EACCES", "read:EIO", "dangling-link", "link-loop", "a-folder",
+                                             "truncated", "garbage"]),
+]
+
+
+def test_a_killed_exports_temporary_is_swept(tmp_path, capsys):
+    """A temporary of a dead owner (staged-folder name) and an old legacy one are swept, with a
+    note; a fresh legacy one (an export that may still run) is left."""
+    import os
+
+    drafter, cfg = _tiny()
+    dead = tmp_path / f".export.tmp-999999999@{__import__('socket').gethostname()}-abcdef"
+    legacy_old, legacy_new = tmp_path / ".export.tmp-0123abcd", tmp_path / ".export.tmp-4567cdef"
+    for folder in (dead, legacy_old, legacy_new):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    os.utime(legacy_old, (1, 1))
+    export_drafter(drafter, cfg, tmp_path / "export", dtype=torch.float32)
+    assert not dead.exists() and not legacy_old.exists() and legacy_new.exists()
+    assert "removed 2 stale temporary" in capsys.readouterr().err
+
+
+
+# -- the run folder: metrics, summary, config, compile artifacts -------------------------------
+ROWS = [{"step": i, "loss": 1.0 / i} for i in (1, 2, 3)]
+WRITE_FAULTS = [f"write:{e}:{s}" for e in WRITE_ERRNOS for s in STAGES]
+APPEND_FAULTS = [f"write:{e}:{s}" for e in WRITE_ERRNOS for s in ("create", "write")]  # no rename
+
+
+def _metrics_setup(tmp):
+    run = tmp / "run"
+    run.mkdir()
+    (run / METRICS).write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return run
+
+
+def _rewound(run, kept):
+    assert all(r["step"] <= 2 for r in kept) and all(isinstance(r, dict) for r in kept)
+    on_disk = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]
+    assert on_disk == kept, "metrics.jsonl does not hold exactly the rows kept"
+
+
+METRICS_REWIND = Point(
+    name="metrics-rewind", setup=_metrics_setup, writes=True, keep=lambda run: [run / METRICS],
+    act=lambda run: MetricLogger(run, tensorboard=False).rewind(2), target=lambda run: run / METRICS,
+    check=_rewound, content=lambda run: (run / METRICS).read_bytes(), on_content="recover",
+    faults=WRITE_FAULTS + [f"read:{e}" for e in READ_ERRNOS] + ["dangling-link", "link-loop", "a-folder"]
+    + ["truncated", "garbage", "latin-1", "utf-16", "deep-nesting", "huge-line", "wrong-types"],
+    wrong_types=[b'[1, 2]\n{"step": "1"}\n{"step": 1}\n', b'{"step": 1, "loss": 1.0}\n"text"\n'],
+)
+METRICS_LOG = Point(
+    name="metrics-log", setup=_metrics_setup, writes=True, faults=APPEND_FAULTS, target=lambda run: run / METRICS,
+    act=lambda run: MetricLogger(run, tensorboard=False).log(4, {"loss": 0.5}, echo=lambda line: None),
+    check=lambda run, _: json.loads((run / METRICS).read_text().splitlines()[-1])["step"] == 4 or pytest.fail(),
+)
+
+
+def test_rewind_keeps_the_rows_up_to_the_step_and_drops_torn_ones(tmp_path):
+    run = _metrics_setup(tmp_path)
+    with (run / METRICS).open("a") as fh:
+        fh.write('{"step": 2, "lo')  # torn by a kill
+    assert MetricLogger(run, tensorboard=False).rewind(2) == ROWS[:2]
+    assert (run / METRICS).read_text() == "".join(json.dumps(r) + "\n" for r in ROWS[:2])
+
+
+def _old_file(name: str):
+    def setup(tmp):
+        run = tmp / "run"
+        run.mkdir()
+        (run / name).write_text('{"old": true}')
+        return run
+    return setup
+
+
+def _write_config(run):
+    trainer = SimpleNamespace(ranks=SimpleNamespace(is_main=True), run_dir=run,
+                              cfg=SimpleNamespace(to_dict=lambda: {"train": {"seed": 0}}),
+                              drafter_cfg=SimpleNamespace(to_dict=lambda: {"block_size": 4}))
+    write_run_config(trainer)
+
+
+RUN_CONFIG = Point(name="run-config", setup=_old_file(CONFIG), writes=True, act=_write_config,
+                   target=lambda run: run / CONFIG, keep=lambda run: [run / CONFIG])
+RUN_SUMMARY = Point(name="run-summary", setup=_old_file(SUMMARY), writes=True, target=lambda run: run / SUMMARY,
+                    act=lambda run: write_summary(run, {"steps": 3}), keep=lambda run: [run / SUMMARY])
+
+
+def _save_compiled(run):
+    with mock.patch.object(torch.compiler, "save_cache_artifacts", return_value=(b"artifacts" * 100, None)):
+        return save_artifacts(run / COMPILE_ARTIFACTS)
+
+
+COMPILE_SAVE = Point(name="compile-artifacts-save", setup=_old_file(COMPILE_ARTIFACTS), writes=True,
+                     act=_save_compiled, target=lambda run: run / COMPILE_ARTIFACTS,
+                     keep=lambda run: [run / COMPILE_ARTIFACTS])
+
+
+def test_a_failed_artifacts_save_is_a_warning_and_a_corrupt_one_a_cold_start(tmp_path, monkeypatch, caplog):
+    """After the first step a failed save was a traceback: now one warning line, the run goes on;
+    a damaged artifacts file is a warning and a cold start."""
+    lines = []
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"x", None))
+    monkeypatch.setattr(files.os, "write", no_space)
+    assert save_artifacts_or_warn(tmp_path / COMPILE_ARTIFACTS, lines.append) == 0
+    assert len(lines) == 1 and lines[0].startswith("warning: cannot write compile artifacts") and "no space" in lines[0]
+    assert not list(tmp_path.iterdir())
+    monkeypatch.undo()
+    (tmp_path / COMPILE_ARTIFACTS).write_bytes(b"garbage" * 10)
+    assert load_artifacts(tmp_path / COMPILE_ARTIFACTS, lines.append) is False
+    assert "starting cold" in lines[-1] and str(tmp_path / COMPILE_ARTIFACTS) in lines[-1]
+    assert not [r for r in caplog.records if r.name.startswith("torch.compiler")], "torch's traceback warning"
+
+
+
+# -- eval reports, regeneration output ------------------------------------------------------------
+REPORT = {"acceptance_histogram": {"1": 3, "2": 1}, "mean_tau": 1.25, "per_position_acceptance": [0.25, None],
+          "num_prompts": 2, "block_size": 4, "temperature": 0.0}
+
+
+def _report_setup(tmp):
+    out = tmp / "eval"
+    out.mkdir()
+    (out / "eval.json").write_text('{"old": true}')
+    (out / "eval.png").write_bytes(b"old png")
+    return out
+
+
+EVAL_REPORT = Point(name="eval-report", setup=_report_setup, writes=True, act=lambda out: write_report(REPORT, out),
+                    target=lambda out: out / "eval.json", names=lambda out: str(out),
+                    keep=lambda out: [out / "eval.json", out / "eval.png"])
+
+
+class _Echo(Generator):
+    def generate(self, prompts, params):
+        return [Generation(f"reply {len(p)}", None, 2) for p in prompts]
+
+
+def _regen_setup(tmp):
+    src = tmp / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"},
+                                                                    {"role": "assistant", "content": "old"}]}) + "\n"
+                           for i in range(4)))
+    out = tmp / "out.jsonl"
+    _regenerate({"src": src, "out": out}, limit=2)  # two records already written: kept on a failure
+    return {"src": src, "out": out, "before": out.read_bytes()}
+
+
+def _regenerate(ctx, limit=None):
+    report = SkipReport()
+    return run_regenerate(read_records([str(ctx["src"])], report), _Echo(), ctx["out"], SamplingParams(8), 1,
+                          report, limit=limit, progress=False)
+
+
+def _regen_kept(ctx, summary):
+    ids = [json.loads(line)["id"] for line in ctx["out"].read_text().splitlines()]
+    assert ids == ["r0", "r1", "r2", "r3"], ids
+
+
+REGENERATE = Point(
+    name="regenerate-output", setup=_regen_setup, writes=True, faults=APPEND_FAULTS, act=_regenerate,
+    target=lambda ctx: ctx["out"], check=_regen_kept,
+)
+
+
+def test_regenerate_keeps_the_lines_written_before_a_failure_and_resumes(tmp_path, monkeypatch):
+    """No space after the first record: one line naming the output, the lines before it kept,
+    and a rerun finishes the rest without duplicates."""
+    ctx = _regen_setup(tmp_path)
+    real_fsync, calls = files.os.fsync, []
+
+    def full_after_one(fd):
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr("dflash_train.data.regenerate.os.fsync", full_after_one)
+    with pytest.raises(ValueError, match="cannot write regenerated data .*out.jsonl: no space left"):
+        _regenerate(ctx)
+    monkeypatch.undo()
+    assert ctx["out"].read_bytes().startswith(ctx["before"])
+    _regenerate(ctx)
+    _regen_kept(ctx, None)
+
+
+# -- data readers and prompt files ----------------------------------------------------------------
+CHAT = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+        for i in range(3)]
+
+
+def _data_setup(suffix: str):
+    def setup(tmp):
+        path = tmp / f"chat{suffix}"
+        if suffix == ".jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in CHAT))
+        else:
+            path.write_text(json.dumps(CHAT))
+        return path
+    return setup
+
+
+def _read_all(path):
+    report = SkipReport()
+    return list(read_records([str(path)], report)), report
+
+
+def _counted(path, result):
+    records, report = result
+    assert len(records) + report.total_skipped == report.read, "a record neither kept nor counted"
+    for rec in records:
+        assert rec.messages and rec.messages[0]["role"] == "user"
+
+
+def _data_point(suffix: str) -> Point:
+    return Point(
+        name=f"data-file{suffix}", setup=_data_setup(suffix), act=_read_all, target=lambda p: p,
+        content=lambda p: p.read_bytes(), on_content="recover", check=_counted,
+        wrong_types=[b'{"messages": 3}\n[1, 2]\n"text"\n{"id": [1], "messages": [{"role": 5}]}\n'],
+    )
+
+
+def test_a_data_folder_with_a_link_loop_is_walked_once(tmp_path):
+    """``data/a/loop -> ..``: each real folder is walked once (on 7f9d2a4: recursion until the
+    path is too long, a raw OSError)."""
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    _data_setup(".jsonl")(data / "a")
+    (data / "a" / "loop").symlink_to("..")
+    assert resolve_files([str(data)]) == [data / "a" / "chat.jsonl"]
+
+
+def _prompts_setup(suffix: str):
+    def setup(tmp):
+        path = tmp / f"prompts{suffix}"
+        path.write_text("".join(json.dumps(r) + "\n" for r in CHAT) if suffix == ".jsonl" else json.dumps(CHAT))
+        return path
+    return setup
+
+
+def _prompt_point(suffix: str) -> Point:
+    return Point(
+        name=f"prompts{suffix}", setup=_prompts_setup(suffix), act=read_prompts, target=lambda p: p,
+        content=lambda p: p.read_bytes(), check=lambda p, prompts: len(prompts) == 3 or pytest.fail(),
+        wrong_types=[b'{"messages": 3}', b"[1, 2]"], wrong_type_names=[f"prompts{suffix}"] * 2,
+    )
+
+
+POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ, METRICS_REWIND, METRICS_LOG, RUN_CONFIG,
+          RUN_SUMMARY, COMPILE_SAVE, EVAL_REPORT, REGENERATE, _data_point(".jsonl"), _data_point(".json"),
+          _prompt_point(".jsonl"), _prompt_point(".json")]
+
+
+@pytest.mark.parametrize(("point", "fault"), cases(POINTS))
+def test_point_under_fault(point, fault, tmp_path, monkeypatch):
+    drive(point, fault, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("point", POINTS, ids=lambda p: p.name)
+def test_point_without_fault(point, tmp_path):
+    ctx = point.setup(tmp_path)
+    result = point.act(ctx)
+    if point.check:
+        point.check(ctx, result)
