@@ -9,6 +9,7 @@ range-checked type fails here without anyone listing it.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,44 @@ def test_module_entry_points_still_parse(tmp_path):
     assert len(out.read_text().splitlines()) == 3
     assert cli.main(["offline-data", "--out", str(out), "--limit", "2"]) == 0
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_heldout_evaluation_says_what_it_does_per_prompt(tmp_path):
+    """The step-0 evaluation was ~35 s of silence on 2 cores: now a start line and a line per prompt."""
+    from types import SimpleNamespace
+
+    from testkit import tiny_chat_target, tiny_drafter
+
+    from dflash_train.train.heldout import HeldoutEvaluator
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is the capital of France?\nWrite a haiku about the sea.\nName a color.\n")
+    target = tiny_chat_target(Path(__file__).resolve().parents[1] / "assets" / "smollm2")
+    drafter, _ = tiny_drafter(target, block_size=4)
+    lines: list[str] = []
+    trainer = SimpleNamespace(target=target, drafter=drafter, ranks=SimpleNamespace(is_main=True),
+                              counters=SimpleNamespace(step=0), echo=lines.append, logger=None)
+    HeldoutEvaluator(SimpleNamespace(prompts=str(prompts), num_prompts=3, max_new_tokens=8),
+                     target.tokenizer)(trainer)
+    assert lines[0].startswith("step 0 | held-out evaluation") and "3 prompts" in lines[0]
+    assert [line.split(":")[0] for line in lines[1:4]] == [f"  held-out prompt {i}/3" for i in (1, 2, 3)]
+    assert lines[-1].startswith("step 0 | held-out tau")
+
+
+def test_demo_summary_names_the_run_folder_numbers_and_next_commands():
+    from dflash_train.config import load_config
+    from dflash_train.train.cli import demo_plan, demo_summary
+
+    cfg = load_config("cpu-demo", ["train.run_dir=/tmp/demo-run"])
+    result = {"first_loss": 9.5, "last_loss": 4.25, "first_expected_acceptance": 1.1,
+              "last_expected_acceptance": 1.9, "tau_before": 1.0, "tau_after": 1.62,
+              "checkpoint": "/tmp/demo-run/checkpoints/step-00000120"}
+    text = demo_summary(cfg, result, 330.0)
+    assert "demo: done in 5.5 min" in text and "/tmp/demo-run (checkpoint /tmp/demo-run/checkpoints/step-00000120" in text
+    assert "9.500 -> 4.250" in text and "1.00 before -> 1.62 after" in text
+    assert "dflash-train export /tmp/demo-run /tmp/demo-run-drafter" in text
+    assert "dflash-train eval --target assets/smollm2 --drafter /tmp/demo-run-drafter" in text
+    assert '"num_speculative_tokens": 7' in text  # block 8: what the exported config serves with
+    assert "{" not in text.split("serve:")[0], "no raw JSON before the serving line"
+    plan = demo_plan(cfg)
+    assert "shorter than 16 tokens" in plan and "4 prompts" in plan
