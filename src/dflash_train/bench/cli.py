@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from dflash_train.cli_types import int_at_least, nonneg_int, positive_int
+
 
 def _layer_ids(text: str) -> list[int]:
     try:
@@ -28,27 +30,29 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark training steps on synthetic data (one JSON object on stdout)")
     p.add_argument("--target-config", default="qwen3-8b",
                    help="qwen3-8b (random Qwen3-8B-shaped target, the reference), tiny (CPU CI) or a HF model folder")
-    p.add_argument("--drafter-layers", type=int, default=5)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--drafter-layers", type=positive_int, default=5, help="drafter decoder layers")
+    p.add_argument("--block-size", type=int_at_least(2), default=16, help="drafter block size (>= 2)")
     p.add_argument("--target-layer-ids", type=_layer_ids, default=None,
                    help="comma-separated, e.g. 1,9,17,25,33 (default: the spec's rule)")
-    p.add_argument("--num-anchors", type=int, default=None, help="default 512 (8 for tiny)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence; default 3072 (128 for tiny)")
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per micro-batch (one micro-batch per step)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (the first carries compilation)")
-    p.add_argument("--profile-steps", type=int, default=None,
+    p.add_argument("--num-anchors", type=positive_int, default=None, help="default 512 (8 for tiny)")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence; default 3072 (128 for tiny)")
+    p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per micro-batch (one micro-batch per step)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed warm-up steps (the first carries compilation)")
+    p.add_argument("--profile-steps", type=nonneg_int, default=None,
                    help="steps of the separate synchronized pass that times each phase (default min(steps, 3))")
-    p.add_argument("--attention", choices=["flex", "sdpa", "auto"], default="auto")
+    p.add_argument("--attention", choices=["flex", "sdpa", "auto"], default="auto",
+                   help="drafter attention kernel (auto: flex on CUDA, sdpa otherwise)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the drafter layers and the loss chunks (default: on CUDA only)")
-    p.add_argument("--loss-chunk-size", type=int, default=4096)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--loss-chunk-size", type=positive_int, default=4096,
+                   help="positions per chunk of the vocabulary loss (train.loss_chunk_size)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
     p.add_argument("--dtype", default="auto", help="target weights and autocast dtype (auto: bf16 on CUDA)")
     p.add_argument("--checkpoint-drafter", action="store_true",
                    help="activation checkpointing (non-reentrant) of every drafter layer")
-    p.add_argument("--matmul-size", type=int, default=None, help="matmul ceiling size (default 8192 CUDA, 1024 CPU)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--matmul-size", type=positive_int, default=None, help="matmul ceiling size (default 8192 CUDA, 1024 CPU)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random weights and data")
     p.add_argument("--cuda-graph-step", action="store_true",
                    help="replay the step as one CUDA graph after the warm-up, as the trainer does "
                         "(train.cuda_graph_step; one process; needs --warmup >= 2 for a timed loop of replays)")

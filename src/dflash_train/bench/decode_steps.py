@@ -1,6 +1,6 @@
 """Time the static decoder's three steps (plain, verify, draft) under several variants.
 
-    python -m dflash_train.bench.decode_steps --target assets/smollm2 --dtype float32 \\
+    dflash-train bench-decode --target assets/smollm2 --dtype float32 \\
         --device cuda --out steps.json [--drafter FOLDER] [--variants eager,cudagraph,...]
 
 Why: speculative decoding pays only if ``tau > (verify + draft) / plain`` (the break-even
@@ -61,19 +61,28 @@ CPU_VARIANTS = ("eager", "compile")
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The benchmark's flags (numbers range-checked: one line naming the flag)."""
-    ap.add_argument("--target", required=True)
+    ap.add_argument("--target", required=True, help="target model folder")
     ap.add_argument("--drafter", default=None, help="an exported drafter folder (default: random, recipe shape)")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="model dtype")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    ap.add_argument("--out", default=None, help="also write the JSON report here (rewritten after every variant)")
     ap.add_argument("--variants", default=None, help=f"comma list of {list(VARIANTS)}")
-    ap.add_argument("--replays", type=positive_int, default=200)
-    ap.add_argument("--prompt-len", type=positive_int, default=64)
-    ap.add_argument("--new-tokens", type=positive_int, default=128)
-    ap.add_argument("--block-size", type=at_least(2), default=16)
-    ap.add_argument("--drafter-layers", type=positive_int, default=4)
+    ap.add_argument("--replays", type=positive_int, default=200, help="timed replays of each step per variant")
+    ap.add_argument("--prompt-len", type=positive_int, default=64, help="tokens of the synthetic prompt")
+    ap.add_argument("--new-tokens", type=positive_int, default=128, help="tokens of the real decode per variant")
+    ap.add_argument("--block-size", type=at_least(2), default=16, help="drafter block size (>= 2)")
+    ap.add_argument("--drafter-layers", type=positive_int, default=4,
+                    help="layers of the random drafter (without --drafter)")
     ap.add_argument("--time-budget-s", type=positive_float, default=None,
                     help="start no new variant after this many seconds (the rest report 'skipped')")
+
+
+def register(sub) -> None:
+    """``dflash-train bench-decode``."""
+    p = sub.add_parser("bench-decode", help="time the static decoder's plain, verify and draft steps under several variants (JSON)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=command)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

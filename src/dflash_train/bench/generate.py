@@ -1,6 +1,6 @@
 """GPU check of the batched static backend: greedy agreement with HF generate and tokens/s of both.
 
-    python -m dflash_train.bench.generate --target assets/smollm2 --n 1024 --max-new 256
+    dflash-train bench-generate --target assets/smollm2 --n 1024 --max-new 256
 
 The prompts are the packaged seed prompts (``data.builders.prompts.seed_prompts``); each static
 mode (``--modes``) generates after a warm-up that captures its graphs, then HF ``generate``
@@ -23,16 +23,24 @@ VARIANTS = ("", "stock", "compact")
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The benchmark's flags (numbers range-checked: one line naming the flag)."""
-    ap.add_argument("--target", default="assets/smollm2")
+    ap.add_argument("--target", default="assets/smollm2", help="target model folder")
     ap.add_argument("--n", type=positive_int, default=1024, help="prompts to generate for")
-    ap.add_argument("--max-new", type=positive_int, default=256)
+    ap.add_argument("--max-new", type=positive_int, default=256, help="new tokens per prompt")
     ap.add_argument("--batch", type=positive_int, default=1024, help="static backend: rows per decode bucket")
-    ap.add_argument("--hf-batch", type=positive_int, default=256)
+    ap.add_argument("--hf-batch", type=positive_int, default=256, help="rows per HF generate call (the agreement check)")
     ap.add_argument("--modes", default="cudagraph,eager",
                     help="comma list of static modes to time; a ':stock' suffix keeps HF's SDPA attention "
                          "(K/V repeated per query head) instead of the grouped decode attention, ':compact' "
                          "continues a bucket's running rows at a smaller batch once half have finished")
     ap.add_argument("--check", type=nonnegative_int, default=64, help="prompts compared with HF greedy")
+
+
+def register(sub) -> None:
+    """``dflash-train bench-generate``."""
+    p = sub.add_parser("bench-generate", help="batched static generation vs HF generate: tokens/s and greedy agreement (GPU)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def _modes(text: str) -> list[str]:

@@ -8,26 +8,28 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dflash_train.cli_types import float_in, fraction, nonneg_float, nonneg_int, positive_int
+
 
 def register(subparsers) -> None:
     regen = subparsers.add_parser("regenerate", help="replace assistant turns with the target's own responses")
     regen.add_argument("--target", required=True, help="HF model folder of the target")
     regen.add_argument("--data", required=True, nargs="+", help="input files or folders")
     regen.add_argument("--out", required=True, help="output JSONL (appended to; resumable)")
-    regen.add_argument("--max-new-tokens", type=int, default=1024)
-    regen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    regen.add_argument("--top-p", type=float, default=1.0)
-    regen.add_argument("--batch-size", type=int, default=8)
+    regen.add_argument("--max-new-tokens", type=positive_int, default=1024, help="longest answer per record")
+    regen.add_argument("--temperature", type=nonneg_float, default=0.0, help="0 = greedy")
+    regen.add_argument("--top-p", type=fraction, default=1.0, help="nucleus sampling mass in (0, 1]")
+    regen.add_argument("--batch-size", type=positive_int, default=8, help="records generated together")
     regen.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=None,
                        help="pass enable_thinking to the chat template (default: template default)")
-    regen.add_argument("--limit", type=int, default=None, help="only the first N valid input records")
+    regen.add_argument("--limit", type=positive_int, default=None, help="only the first N valid input records")
     regen.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), bfloat16, float32")
-    regen.add_argument("--device", default=None)
+    regen.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     regen.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    regen.add_argument("--seed", type=int, default=0)
+    regen.add_argument("--seed", type=nonneg_int, default=0, help="seed of the sampling (temperature > 0)")
     regen.add_argument("--backend", choices=["hf", "static"], default="hf",
                        help="hf: transformers generate; static: fast static-cache batched decoding (decoding/batched.py)")
-    regen.add_argument("--max-batch", type=int, default=1024, help="static backend: rows per decode bucket")
+    regen.add_argument("--max-batch", type=positive_int, default=1024, help="static backend: rows per decode bucket")
     regen.add_argument("--gen-mode", choices=["auto", "eager", "cudagraph", "compile"], default="auto",
                        help="static backend: decode step on CUDA (auto = cudagraph; CPU is always eager)")
     regen.add_argument("--compact", action="store_true",
@@ -35,27 +37,31 @@ def register(subparsers) -> None:
                             "smaller batch (same answers; decoding/batched.py)")
     regen.set_defaults(func=cmd_regenerate)
 
-    data = subparsers.add_parser("data", help="data tools")
+    data = subparsers.add_parser("data", help="data tools (inspect: what training will see)")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     insp = data_sub.add_parser("inspect", help="show a tokenized example and dataset statistics")
-    insp.add_argument("--data", required=True, nargs="+")
-    insp.add_argument("--tokenizer", required=True)
-    insp.add_argument("--index", type=int, default=0)
-    insp.add_argument("--max-length", type=int, default=2048)
-    insp.add_argument("--supervise", choices=["all", "last"], default="all")
+    insp.add_argument("--data", required=True, nargs="+", help="chat/text files or folders, as data.paths")
+    insp.add_argument("--tokenizer", required=True, help="the target model folder (its tokenizer and chat template)")
+    insp.add_argument("--index", type=nonneg_int, default=0, help="which kept example to show, 0-based")
+    insp.add_argument("--max-length", type=positive_int, default=2048, help="tokens per example (data.max_length)")
+    insp.add_argument("--supervise", choices=["all", "last"], default="all",
+                      help="train on every assistant turn or only the last (data.supervise)")
     insp.add_argument("--no-reasoning", action="store_true", help="drop <think> content")
-    insp.add_argument("--block-size", type=int, default=16)
-    insp.add_argument("--min-supervised-tokens", type=int, default=None)
-    insp.add_argument("--cache-dir", default=None)
-    insp.add_argument("--strict", action="store_true")
+    insp.add_argument("--block-size", type=positive_int, default=16,
+                      help="the drafter's block size (sets the default --min-supervised-tokens)")
+    insp.add_argument("--min-supervised-tokens", type=nonneg_int, default=None,
+                      help="skip examples with fewer answer tokens (default 2 x --block-size; data.min_supervised_tokens)")
+    insp.add_argument("--cache-dir", default=None, help="tokenized-data cache folder (data.cache_dir)")
+    insp.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     insp.add_argument("--trim-loops", action="store_true",
                       help="cut answers ending in a repetition loop to two periods (data.trim_loops)")
-    insp.add_argument("--max-lookup-tau", type=float, default=None,
+    insp.add_argument("--max-lookup-tau", type=float_in(1.0), default=None,
                       help="skip answers that prompt lookup drafts at more than this many tokens per step "
                            "(data.max_lookup_tau)")
     insp.add_argument("--chat-template", default=None,
                       help="a Jinja template string or a .jinja file to format chats with (data.chat_template)")
-    insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None)
+    insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None,
+                      help="color supervised tokens (default: when stdout is a terminal)")
     insp.set_defaults(func=cmd_inspect)
 
 

@@ -8,6 +8,7 @@ for one process and for ``torchrun ... $(which dflash-train) train CONFIG``.
 
 from __future__ import annotations
 
+from dflash_train.cli_types import positive_int
 from dflash_train.distributed.env import launched_by_torchrun
 
 
@@ -22,8 +23,8 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="measure target and drafter speed; recommend colocated or an N:M split")
     p.add_argument("config", help="a YAML/JSON config file or a recipe name")
     p.add_argument("overrides", nargs="*", help="section.key=value")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs the job will use (G)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per side (after one warm-up)")
+    p.add_argument("--gpus", type=positive_int, required=True, help="GPUs the job will use (G)")
+    p.add_argument("--steps", type=positive_int, default=3, help="timed steps per side (after one warm-up)")
     p.set_defaults(func=_run_plan)
 
 
@@ -42,6 +43,4 @@ def run_train(args, single) -> int:
 def _run_plan(args) -> int:
     from dflash_train.distributed.plan import run_plan
 
-    if args.gpus < 1:
-        raise ValueError("--gpus must be >= 1")
     return run_plan(args)

@@ -14,6 +14,7 @@ import sys
 
 import torch.distributed as dist
 
+from dflash_train.cli_types import nonneg_int
 from dflash_train.config import JobConfig, TargetConfig, job_from_args
 from dflash_train.data import DataConfig
 from dflash_train.devices import resolve_device, resolve_dtype
@@ -152,8 +153,10 @@ def add_arguments(p: argparse.ArgumentParser, with_config: bool = True) -> None:
         p.add_argument("config", help="a YAML/JSON config file or a recipe name")
         p.add_argument("overrides", nargs="*", help="section.key=value")
         p.add_argument("--resume", default=None, help="a checkpoint folder, or 'auto'")
-    p.add_argument("--target-ranks", type=int, default=0, help="disaggregated: ranks that run the target")
-    p.add_argument("--drafter-ranks", type=int, default=0, help="disaggregated: ranks that train the drafter")
+    p.add_argument("--target-ranks", type=nonneg_int, default=0,
+                   help="disaggregated: ranks that run the target (0, the default: every rank runs both)")
+    p.add_argument("--drafter-ranks", type=nonneg_int, default=0,
+                   help="disaggregated: ranks that train the drafter (0, the default: every rank runs both)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", required=True,
                    help="chat .jsonl/.json (messages / conversations / prompt), a text file (one prompt per line), "
                         "or a packaged set: heldout (reports), selection (choosing ablations)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="new tokens per prompt")
     p.add_argument("--block-size", type=positive_int, default=None, help="default: the drafter's; may be smaller")
     p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling mass in (0, 1]")
@@ -54,7 +54,7 @@ def register(subparsers) -> None:
     p.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
                    help="static engine: one GEMM for q/k/v and one for gate/up in every target layer "
                         "(default: on with CUDA)")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the sampling (temperature > 0)")
     p.add_argument("--out", default="eval_results", help="folder for eval.json and eval.png")
     p.set_defaults(func=run)
 

@@ -6,7 +6,7 @@ that shared part. For each variant against a base this reports, over a chosen ra
 prompts, the mean tau of each (over all verify steps, as ``eval`` does), the mean
 per-prompt difference with its standard error, and on how many prompts the variant wins.
 
-    python -m dflash_train.eval.compare base/eval.json lr2e-3/eval.json gamma4/eval.json \\
+    dflash-train compare base/eval.json lr2e-3/eval.json gamma4/eval.json \\
         --prompts 1-24 --prompts 25-40 --json table.json
 
 Prompt ranges are 1-based and inclusive, as one reads a prompt file.
@@ -111,8 +111,8 @@ def _report_exists(path: str) -> bool:
     return (p / "eval.json").is_file() if p.is_dir() else p.is_file()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags, on ``parser`` (the ``dflash-train compare`` sub-command's or a new one)."""
     parser.add_argument("base", help="the base eval.json (or its folder)")
     parser.add_argument("variants", nargs="+", help="eval.json files (or folders) of the variants")
     parser.add_argument("--prompts", action="append", default=None, help="1-based range, e.g. 1-24 (repeatable)")
@@ -123,7 +123,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="name the variant with the largest gain on this prompt range (one of --prompts)")
     parser.add_argument("--min-se", type=nonnegative_float, default=2.0,
                         help="--choose takes a variant only if its gain is above this many standard errors")
-    args = parser.parse_args(argv)
+
+
+def register(sub) -> None:
+    """``dflash-train compare``."""
+    p = sub.add_parser("compare", help="paired tau differences of eval.json reports against a base, per prompt range",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     variants = args.variants
     missing = [v for v in variants if not _report_exists(v)] if args.skip_missing else []
     variants = [v for v in variants if v not in missing]

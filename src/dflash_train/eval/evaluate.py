@@ -18,6 +18,8 @@ import io
 import json
 import math
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -135,6 +137,8 @@ class EvalOptions:
     seed: int = 0
     warmup: bool = True
     progress: bool = False
+    # a line per prompt through this function (training's held-out evaluation: no silent minute on a CPU)
+    echo: Callable[[str], None] | None = None
     engine: str = "hf"
     compile: bool | str | None = None  # static engine: torch.compile the steps (None: on CUDA only; str: mode)
     # which static steps compile: the drafter's alone by default, so the target runs the same (uncompiled,
@@ -286,6 +290,7 @@ def _decode_prompts(spec_fn, plain_fn, prompts, opts: EvalOptions, run: _Setting
         iterator = tqdm(iterator, desc="eval", unit="prompt")
     for i in iterator:
         ids = prompts[i]
+        started = time.perf_counter()
         if opts.baseline:
             plain.append(plain_fn(ids, opts.max_new_tokens, gen.manual_seed(opts.seed + i),
                                   record_topk=TOPK_RECORDED if run.lossless_check else 0))
@@ -297,6 +302,9 @@ def _decode_prompts(spec_fn, plain_fn, prompts, opts: EvalOptions, run: _Setting
                 iterator.write(f"prompt {i}: speculative output diverges at token {verdict['diverged_at']}: {verdict}")
         if opts.progress:
             iterator.set_postfix(tau=f"{spec[-1].mean_tau:.2f}")
+        if opts.echo is not None:
+            opts.echo(f"prompt {i + 1}/{len(prompts)}: tau {spec[-1].mean_tau:.2f}, "
+                      f"{len(spec[-1].tokens)} tokens in {time.perf_counter() - started:.1f}s")
     return spec, plain, verdicts
 
 

@@ -19,7 +19,7 @@ the real loop step by step (same acceptance lengths, same drafts).
 tokens: the real loop verifies a block that may cross the end (or a stop token) and
 counts its accepted drafts before cutting, and the walk does the same.
 
-    python -m dflash_train.eval.replay --target T --drafter D --prompts heldout --limit 24 \\
+    dflash-train replay --target T --drafter D --prompts heldout --limit 24 \\
         --max-new-tokens 128 --dtype float32 --references refs.json --out DIR
 """
 
@@ -242,14 +242,15 @@ def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[lis
 # command line
 # ---------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True)
+    parser.add_argument("--target", required=True, help="target model folder")
     parser.add_argument("--drafter", required=True, help="DFlash serving-format folder")
     parser.add_argument("--prompts", required=True, help="as for eval (a file, heldout or selection)")
     parser.add_argument("--limit", type=positive_int, default=None, help="only the first N prompts (N >= 1)")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=128)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per prompt to walk over")
     parser.add_argument("--block-size", type=positive_int, default=None, help="default: the drafter's")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="dtype of target and drafter (the continuations are keyed by it)")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--references", default=None,
                         help="JSON file of the target's continuations: read when it matches, else made and written")
     parser.add_argument("--reference-engine", choices=("auto", "hf", "static"), default="auto",
@@ -260,6 +261,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only-references", action="store_true",
                         help="make (or check) the --references file and stop")
     parser.add_argument("--out", required=True, help="folder for eval.json (the eval report's tau fields)")
+
+
+def register(sub) -> None:
+    """``dflash-train replay``."""
+    p = sub.add_parser("replay", help="greedy tau of a drafter from the target's stored continuations (no verify steps; fast ablations)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ roughly linearly in log(compute), so the fit is ``tau = a + b * log10(GPU-minute
 (least squares) and the cost of a target tau is read off the line. That is an
 extrapolation: it says what the trend predicts, not what a run would reach.
 
-    python -m dflash_train.eval.scaling --point 1=r1/eval.json --point 2=r2/eval.json \\
+    dflash-train scaling --point 1=r1/eval.json --point 2=r2/eval.json \\
         --point 4=r4/eval.json --point 15=main/eval.json --prompts 1-24 --goal 3 \\
         --out tau_vs_compute.png --json tau_vs_compute.json
 
@@ -152,16 +152,32 @@ def _cost(tau: float, fit: Fit) -> str:
     return f"tau {tau:g} at " + ("never (no growth)" if need is None else f"~{need:,.0f} GPU-min")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags, on ``parser`` (the ``dflash-train scaling`` sub-command's or a new one)."""
     parser.add_argument("--point", action="append", required=True, help="[SERIES@]GPU_MINUTES=EVAL_JSON (repeatable)")
     parser.add_argument("--prompts", default=None, help="1-based prompt range, e.g. 1-24 (default: all)")
     parser.add_argument("--goal", type=float_at_least(1.0), action="append", default=None,
                         help="a tau (>= 1: tau counts the bonus token) whose cost the fit reports (repeatable; default 3)")
-    parser.add_argument("--title", default="DFlash drafter: held-out tau vs training compute")
-    parser.add_argument("--out", default="tau_vs_compute.png")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--title", default="DFlash drafter: held-out tau vs training compute", help="the plot's title")
+    parser.add_argument("--out", default="tau_vs_compute.png", help="the PNG file to write")
+    parser.add_argument("--json", default=None, help="also write the points, fits and goal costs as JSON here")
+
+
+def register(sub) -> None:
+    """``dflash-train scaling``."""
+    p = sub.add_parser("scaling", help="held-out tau against training compute, with a log-linear fit (PNG + JSON)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         series = read_series(args.point, args.prompts)
     except ValueError as err:

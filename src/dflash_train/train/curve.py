@@ -5,7 +5,7 @@ Training accuracy flatters a drafter (teacher-forced, on the training distributi
 held-out tau comes from real speculative decoding on prompts never trained on. Plotting
 both on one axis shows the gap, which is the number that matters::
 
-    python -m dflash_train.train.curve runs/smollm2 --out curve.png [--label main] [RUN2 ...]
+    dflash-train curve runs/smollm2 --out curve.png [--label main] [RUN2 ...]
 """
 
 from __future__ import annotations
@@ -71,15 +71,31 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's flags, on ``parser`` (the ``dflash-train curve`` sub-command's or a new one)."""
     parser.add_argument("runs", nargs="+", help=f"run folders (each with {METRICS})")
     parser.add_argument("--label", action="append", default=None, help="one per run (default: folder names)")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", required=True, help="the PNG file to write")
+
+
+def register(sub) -> None:
+    """``dflash-train curve``."""
+    p = sub.add_parser("curve", help="a run's training curve as a PNG: expected acceptance next to held-out tau",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     labels = args.label or [Path(r).name for r in args.runs]
     if len(labels) != len(args.runs):
-        parser.error("give one --label per run")
+        raise ValueError(f"give one --label per run ({len(args.runs)} runs, {len(labels)} labels)")
     try:
         runs = {label: read_curve(run) for label, run in zip(labels, args.runs)}
     except (FileNotFoundError, ValueError) as err:

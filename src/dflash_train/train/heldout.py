@@ -37,9 +37,12 @@ class HeldoutEvaluator:
         """Mean tau (greedy) at the trainer's current step; None on non-main ranks."""
         tau = None
         if trainer.ranks.is_main:
+            step = trainer.counters.step
+            trainer.echo(f"step {step} | held-out evaluation: speculative decoding of {len(self.prompt_ids)} prompts "
+                         f"never trained on, up to {self.max_new_tokens} new tokens each")
             with torch.compiler.set_stance("force_eager"):  # no tracing, no new graphs
                 options = EvalOptions(max_new_tokens=self.max_new_tokens, baseline=False, lossless_check=False,
-                                      warmup=False)
+                                      warmup=False, echo=lambda line: trainer.echo(f"  held-out {line}"))
                 report = evaluate(trainer.target, trainer.drafter, self.prompt_ids, options)
             tau = report["mean_tau"]
             record = {"step": trainer.counters.step, "tau": tau,

@@ -166,6 +166,7 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
         trainer.echo(f"signal {name}: finishing the final save and summary")
 
     with StopOnSignals(finish_in_flight):
+        trainer.echo(f"step {trainer.counters.step} | saving the final checkpoint in {trainer.run_dir / 'checkpoints'}")
         final = trainer.save_checkpoint()
         summary.update(_curve_summary(earlier + result["history"]))
         summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])

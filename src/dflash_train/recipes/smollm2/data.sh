@@ -16,7 +16,6 @@ GEN_BATCH=${GEN_BATCH:-2048}         # rows per decode bucket
 SYNTH_SECONDS=${SYNTH_SECONDS:-110}  # wall cap for prompt writing (what is done is kept)
 REGEN_SECONDS=${REGEN_SECONDS:-330}  # wall cap per regeneration pass (resumable: rerun to continue)
 DFT=${DFT:-dflash-train}
-PY=${PY:-python}
 DEVICE=${DEVICE:-cuda}
 # More data beside an existing set (its answers in greedy-*.jsonl of another folder): another SEED writes
 # other prompts, EXCLUDE (chat files) drops any prompt already there, SEED_PROMPTS=0 skips the offline
@@ -36,13 +35,13 @@ stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
 T0=$(date +%s)
 
 if [ "$SEED_PROMPTS" = 1 ]; then
-  [ -s "$OUT/seeds.jsonl" ] || $PY -m dflash_train.data.builders.prompts --out "$OUT/seeds.jsonl" --seed "$SEED" \
+  [ -s "$OUT/seeds.jsonl" ] || $DFT prompts --out "$OUT/seeds.jsonl" --seed "$SEED" \
     ${EXCLUDE:+--exclude $EXCLUDE}
 else
   : > "$OUT/seeds.jsonl"
 fi
 if [ ! -s "$OUT/synth.jsonl" ]; then
-  $PY -m dflash_train.data.builders.prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
+  $DFT prompts --target "$TARGET" --out "$OUT/synth.jsonl" --no-seeds --seed "$SEED" \
     ${EXCLUDE:+--exclude $EXCLUDE} --num-synthetic "$NUM_SYNTH" --num-composed "$NUM_COMPOSED" \
     --batch-size "$GEN_BATCH" --backend static \
     --device "$DEVICE" --max-seconds "$SYNTH_SECONDS"
