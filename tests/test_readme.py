@@ -28,12 +28,10 @@ MAX_LINES = 420
 # The user-facing subcommands (issue 36: every tool a user runs is one). Those not yet registered on
 # this branch are being added by another branch; once merged, PENDING_REGISTRATION should be emptied.
 EXPECTED_SUBCOMMANDS = {
-    "train", "demo", "data", "regenerate", "export", "eval", "bench", "plan", "launch", "config", "compare",
+    "train", "demo", "data", "regenerate", "export", "eval", "bench", "plan", "config", "compare",
     "replay", "scaling", "curve", "bench-decode", "bench-generate", "prompts", "offline-data",
 }
-PENDING_REGISTRATION = {
-    "launch", "compare", "replay", "scaling", "curve", "bench-decode", "bench-generate", "prompts", "offline-data",
-}
+PENDING_REGISTRATION: set[str] = set()
 
 
 def readme() -> str:
