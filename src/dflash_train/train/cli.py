@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dflash_train.config import job_from_args, load_config, recipe_names
 from dflash_train.config_reference import keys_epilog
+from dflash_train.run_folder import METRICS, SUMMARY
 
 
 def register(sub) -> None:
@@ -99,7 +100,7 @@ def demo_summary(cfg, result: dict, seconds: float) -> str:
     export_dir = f"{run_dir.rstrip('/')}-drafter"
     lines = [f"demo: done in {seconds / 60:.1f} min.",
              f"  drafter run folder:  {run_dir} (checkpoint {result.get('checkpoint', '?')}, "
-             f"metrics.jsonl, summary.json)"]
+             f"{METRICS}, {SUMMARY})"]
     if "first_loss" in result:
         lines.append(f"  training loss:       {result['first_loss']:.3f} -> {result['last_loss']:.3f} "
                      "(first -> last logged step)")

@@ -17,7 +17,7 @@ from dflash_train.data import DataConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
 from dflash_train.files import atomic_write_text
-from dflash_train.run_folder import CONFIG, SUMMARY
+from dflash_train.run_folder import CHECKPOINTS, CONFIG, SUMMARY
 from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
 from dflash_train.train.compilation import FirstStep
@@ -166,7 +166,7 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
         trainer.echo(f"signal {name}: finishing the final save and summary")
 
     with StopOnSignals(finish_in_flight):
-        trainer.echo(f"step {trainer.counters.step} | saving the final checkpoint in {trainer.run_dir / 'checkpoints'}")
+        trainer.echo(f"step {trainer.counters.step} | saving the final checkpoint in {trainer.run_dir / CHECKPOINTS}")
         final = trainer.save_checkpoint()
         summary.update(_curve_summary(earlier + result["history"]))
         summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
