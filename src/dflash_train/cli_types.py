@@ -62,3 +62,19 @@ positive_float = float_in(0.0, low_open=True)
 nonneg_float = float_in(0.0)
 fraction = float_in(0.0, 1.0, low_open=True)  # (0, 1]: e.g. top-p
 unit_interval = float_in(0.0, 1.0)  # [0, 1]
+
+
+def register_tool(sub, name: str, help: str, doc: str, add_arguments: Callable, run: Callable):
+    """Add a tool module as ``dflash-train NAME``: its module docstring as the description, its
+    ``add_arguments(parser)`` flags, ``run(args)`` as the command. Returns the sub-parser."""
+    parser = sub.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def tool_parser(doc: str, add_arguments: Callable) -> argparse.ArgumentParser:
+    """The same tool's stand-alone parser (``python -m``): the docstring's first line as description."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_arguments(parser)
+    return parser

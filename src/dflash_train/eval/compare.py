@@ -29,6 +29,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.eval.flags import nonnegative_float
 
 
@@ -127,16 +128,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(sub) -> None:
     """``dflash-train compare``."""
-    p = sub.add_parser("compare", help="paired tau differences of eval.json reports against a base, per prompt range",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    register_tool(sub, "compare", "paired tau differences of eval.json reports against a base, per prompt range", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(tool_parser(__doc__, add_arguments).parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.eval.compare import load_report, parse_range, steps_tau
 from dflash_train.eval.flags import float_at_least
 
@@ -165,16 +166,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(sub) -> None:
     """``dflash-train scaling``."""
-    p = sub.add_parser("scaling", help="held-out tau against training compute, with a log-linear fit (PNG + JSON)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    register_tool(sub, "scaling", "held-out tau against training compute, with a log-linear fit (PNG + JSON)", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(tool_parser(__doc__, add_arguments).parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.run_folder import METRICS
 
 
@@ -80,16 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def register(sub) -> None:
     """``dflash-train curve``."""
-    p = sub.add_parser("curve", help="a run's training curve as a PNG: expected acceptance next to held-out tau",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(func=run)
+    register_tool(sub, "curve", "a run's training curve as a PNG: expected acceptance next to held-out tau", __doc__, add_arguments, run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(tool_parser(__doc__, add_arguments).parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
