@@ -114,6 +114,46 @@ def test_moe_target_with_router_logits_on_decodes_losslessly():
         assert report["lossless"]["ok"], engine
 
 
+def test_capture_safe_experts_only_for_graphed_non_bf16_grouped_mm():
+    from dflash_train.decoding.experts import needs_capture_safe_experts
+
+    model = tiny_qwen3_moe()
+    assert model.config._experts_implementation == "grouped_mm"
+    assert needs_capture_safe_experts(model, torch.float32, use_graph=True)
+    assert not needs_capture_safe_experts(model, torch.bfloat16, use_graph=True)  # its kernel never syncs
+    assert not needs_capture_safe_experts(model, torch.float32, use_graph=False)  # nothing is captured
+    model.config._experts_implementation = "eager"
+    assert not needs_capture_safe_experts(model, torch.float32, use_graph=True)
+
+
+def test_static_steps_use_capture_safe_experts_and_decode_losslessly(monkeypatch):
+    """On CUDA in float32 the captured steps switch the experts to ``batched_mm`` (grouped_mm
+    syncs the host there, which capture refuses); forced here on CPU: the steps run
+    batched_mm, the prompt runs the model's own kernel, tokens equal plain greedy, and the
+    model's setting is back afterwards."""
+    from dflash_train.decoding import static
+    from dflash_train.decoding.speculative import speculative_generate, target_generate
+
+    monkeypatch.setattr(static, "needs_capture_safe_experts", lambda *_: True)
+    model = tiny_qwen3_moe(vocab=128)
+    target = Target(model)
+    drafter, _ = tiny_drafter(target, block_size=4, seed=3)
+    drafter.eval()
+    seen = []  # (experts kernel, tokens) of every experts call
+    for layer in model.model.layers:
+        layer.mlp.experts.register_forward_pre_hook(
+            lambda module, args: seen.append((module.config._experts_implementation, args[0].shape[0])))
+    decoder = static.StaticDecoder(target, drafter, max_len=64, mode="eager")
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]])
+    out = decoder.speculative(ids, 20)
+    in_decoder = list(seen)
+    assert out.tokens == target_generate(target, ids, 20).tokens
+    assert out.acceptance_lengths == speculative_generate(target, drafter, ids, 20).acceptance_lengths
+    assert {kernel for kernel, tokens in in_decoder if tokens == ids.shape[1]} == {"grouped_mm"}  # the prompt
+    assert {kernel for kernel, tokens in in_decoder if tokens <= 4} == {"batched_mm"}  # the verify steps
+    assert model.config._experts_implementation == "grouped_mm"
+
+
 def _train_stopping_at(cfg, step: int) -> None:
     """Train, stopping after ``step`` steps the way a SIGTERM would (the loop saves and ends)."""
     from dflash_train.train import trainer as trainer_mod

@@ -124,3 +124,54 @@ def test_fused_projections_refuse_out_of_order_calls():
         with pytest.raises(RuntimeError, match="another input"):
             attn.v_proj(x.clone())
     assert attn.q_proj is fused.swaps[0][2]
+
+
+def _hook_counts(target) -> list[int]:
+    return [len(layer._forward_hooks) for layer in target.layers]
+
+
+def test_decoders_never_add_or_remove_hooks_after_the_first():
+    """Each feature layer gets one hook for the target's life. Decoders used to register
+    their own and remove them when garbage-collected; a decoder in a reference cycle is
+    collected at an arbitrary allocation, also in the middle of another decoder's
+    ``torch.compile`` trace, which then failed (seen on an H200: a guard's IndexError, a
+    traced cat of a stale tensor)."""
+    import gc
+
+    target = Target(tiny_qwen3(vocab=64))
+    drafter = tiny_drafter(target, block_size=4, seed=2)[0].eval()
+    before = _hook_counts(target)
+    StaticDecoder(target, drafter, max_len=32, mode="eager")
+    after_first = _hook_counts(target)
+    assert sum(after_first) - sum(before) == len(set(drafter.config.target_layer_ids))
+    for _ in range(2):
+        StaticDecoder(target, drafter, max_len=32, mode="eager")
+        gc.collect()
+        assert _hook_counts(target) == after_first
+
+
+def test_a_decoder_collected_while_another_compiles_breaks_nothing(monkeypatch):
+    """The failure itself, forced: a compiled decoder is dropped (it sits in a reference
+    cycle, so only the garbage collector frees it), and the collector runs in the middle of
+    the next decoder's compile, between dynamo's trace and its guards (where it struck on
+    the GPU). With per-decoder hooks removed at collection this failed to compile
+    (``IndexError`` while creating a guard)."""
+    import gc
+
+    import torch._inductor.config as inductor_config
+
+    target = Target(tiny_qwen3(vocab=64))
+    drafter = tiny_drafter(target, block_size=4, seed=2)[0].eval()
+    ids = torch.tensor([[5, 9, 3, 17, 2]])
+    ref = speculative_generate(target, drafter, ids, 12)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="static eval")
+        first = StaticDecoder(target, drafter, max_len=48, mode="eager", compile=True, compile_steps=("verify",))
+        assert first.speculative(ids, 12).tokens == ref.tokens
+        del first
+        monkeypatch.setattr(inductor_config, "post_grad_custom_pre_pass", lambda graph: gc.collect())
+        second = StaticDecoder(target, drafter, max_len=48, mode="eager", compile=True, compile_steps=("verify",),
+                               fuse_projections=True)
+        out = second.speculative(ids, 12)
+    assert out.tokens == ref.tokens and out.acceptance_lengths == ref.acceptance_lengths
+    assert second.verify_step.compiled

@@ -25,8 +25,8 @@ Fewer GPU kernels per step (the steps are launch-bound for a small target):
 
 * the verify step returns the target's argmax next to the drafts, so the host syncs on
   one ready tensor (no argmax/cat kernels outside the graph); the plain step likewise;
-* the target's features come from forward hooks registered once per decoder
-  (:class:`_FeatureTap`), not per call, so ``torch.compile`` can trace the step;
+* the target's features come from forward hooks registered once per layer and never
+  removed (:class:`_FeatureTap` says why), so ``torch.compile`` can trace the step;
 * grouped-query attention without ``repeat_kv`` copies of the cache (:mod:`.grouped`);
 * optionally (``fuse_projections``) one GEMM for q/k/v and one for gate/up per target
   layer (:mod:`.fused`): 4 matrix products per layer instead of 7;
@@ -64,6 +64,7 @@ from .core import (
     compile_step,
     leading_matches,
 )
+from .experts import CAPTURE_SAFE, experts_as, needs_capture_safe_experts
 from .fused import FusedProjections
 from .grouped import grouped_sdpa
 from .proposers import block_hidden, block_logits, drafter_setting
@@ -93,27 +94,51 @@ class StaticDrafterCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+class _LayerTap:
+    """The last output of one target layer, stored by a forward hook only while ``armed``."""
+
+    def __init__(self, layer):
+        self.armed, self.out = False, None
+        layer.register_forward_hook(self._store)
+
+    def _store(self, _module, _args, output):
+        if self.armed:
+            self.out = output[0] if isinstance(output, tuple) else output
+
+
+_LAYER_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its _LayerTap
+
+
 class _FeatureTap:
-    """Forward hooks on the feature layers, registered once: the raw output of layer ``i``
-    lands in ``out[i]`` at every target forward (the same tensors as
-    ``Target.forward_with_features``, whose per-call hook registration would stop
-    ``torch.compile`` tracing the step). ``close`` (or the owner's collection) removes them."""
+    """The raw outputs of the feature layers at every target forward inside :meth:`armed`
+    (the same tensors as ``Target.forward_with_features``, whose per-call hooks would stop
+    ``torch.compile`` tracing the step).
 
-    def __init__(self, layers, layer_ids: list[int], owner):
-        self.out: dict[int, torch.Tensor] = {}
-        self.handles = [layers[i].register_forward_hook(_store_output(self.out, i)) for i in layer_ids]
-        weakref.finalize(owner, self.close)
+    Each layer gets one hook, shared by every decoder on that target and never removed.
+    Removing hooks is what broke compiled steps: a decoder held in a reference cycle is
+    collected at an arbitrary allocation, and a hook removed then, in the middle of another
+    decoder's trace or guard building, made dynamo fail (``IndexError`` while creating a
+    guard; a traced ``torch.cat`` reading the prompt's stale 5-row output). Disarmed, the
+    hooks store nothing, so training forwards on the same target keep no extra tensors."""
 
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+    def __init__(self, layers, layer_ids: list[int]):
+        self.layer_ids = layer_ids
+        self.taps = {i: _LAYER_TAPS.get(layers[i]) or _LAYER_TAPS.setdefault(layers[i], _LayerTap(layers[i]))
+                     for i in sorted(set(layer_ids))}
 
+    @contextlib.contextmanager
+    def armed(self):
+        for tap in self.taps.values():
+            tap.armed = True
+        try:
+            yield
+        finally:
+            for tap in self.taps.values():
+                tap.armed, tap.out = False, None
 
-def _store_output(out: dict, i: int):
-    def hook(_module, _args, output):
-        out[i] = output[0] if isinstance(output, tuple) else output
-    return hook
+    def features(self) -> torch.Tensor:
+        """The feature layers' last outputs, concatenated in ``layer_ids`` order."""
+        return torch.cat([self.taps[i].out for i in self.layer_ids], dim=-1)
 
 
 class _Graphed:
@@ -218,6 +243,9 @@ class StaticDecoder:
         self.choose = block_chooser(drafter)
         self.max_len = int(max_len)
         self.dtype = target.lm_head_weight.dtype
+        # the captured steps' experts kernel for a MoE target (None: the model's own; see .experts)
+        self.step_experts = CAPTURE_SAFE if needs_capture_safe_experts(target.model, self.dtype, self.use_graph) else None
+        self.own_experts = getattr(target.model.config, "_experts_implementation", None)
         self.drafter_dtype = next(drafter.parameters()).dtype
         self.kv = KVBuffers.for_model(target.model, self.device)
         self.kv.view(1, self.max_len)
@@ -228,7 +256,7 @@ class StaticDecoder:
         self.grouped_attention = grouped_attention
         self.linear = check_linear_mode(linear)
         self.fused = FusedProjections(target.layers) if fuse_projections else None
-        self.tap = _FeatureTap(target.layers, sorted(set(self.layer_ids)), self)
+        self.tap = _FeatureTap(target.layers, self.layer_ids)
         self._inputs()
         self.compile_steps = tuple(s for s in STEPS if s in compile_steps) if compile_mode else ()
         modes = {s: compile_mode if s in self.compile_steps else None for s in STEPS}
@@ -261,7 +289,7 @@ class StaticDecoder:
         self.kv.pos, self.kv.rows = pos[0], slice(None)
         out = self.target.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                                 **{cache_kwarg(self.target.model): self.kv})
-        feats = torch.cat([self.tap.out[i] for i in self.layer_ids], dim=-1) if features else None
+        feats = self.tap.features() if features else None
         return out.logits[0], feats
 
     def _verify(self):
@@ -301,6 +329,8 @@ class StaticDecoder:
         with contextlib.ExitStack() as stack:
             stack.enter_context(grouped_sdpa(self.target.model, self.grouped_attention))
             stack.enter_context(skinny_linear(self.linear))
+            stack.enter_context(self.tap.armed())
+            stack.enter_context(experts_as(self.target.model, self.step_experts))
             if self.fused is not None:
                 stack.enter_context(self.fused.applied())
             yield
@@ -313,7 +343,8 @@ class StaticDecoder:
     def _prefill(self, input_ids: torch.Tensor, features: bool):
         n = input_ids.shape[1]
         pos = torch.arange(n, device=self.device)[None]
-        return self._target(input_ids.to(self.device), pos, features)
+        with experts_as(self.target.model, self.own_experts if self.step_experts else None):  # not captured
+            return self._target(input_ids.to(self.device), pos, features)
 
     @torch.no_grad()
     def speculative(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids=()) -> SpecResult:
