@@ -6,6 +6,9 @@ tensor cores' format), float32 elsewhere (CPU bf16 matmuls are slow and less exa
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 
 
@@ -31,3 +34,24 @@ def synchronize(device: torch.device | str) -> None:
     """Wait for ``device``'s queued work (a no-op off CUDA): timers read after this are honest."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def graph_capture(graph, **kwargs):
+    """``torch.cuda.graph(graph, **kwargs)`` with Python's garbage collector held off.
+
+    A collection inside a capture can free an unreachable object that owns a CUDA graph or
+    device memory (an earlier decoder in a reference cycle, say), and freeing device memory
+    invalidates the capture ("operation failed due to a previous error during capture"; seen
+    on an H200 in the GPU suite). ``torch.cuda.graph`` no longer collects first
+    (``torch.compiler.config.force_cudagraph_gc`` is off by default), so this does: it
+    collects what is already garbage, then allows no collection until the capture ends."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    finally:
+        if enabled:
+            gc.enable()

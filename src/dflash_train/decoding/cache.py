@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from dflash_train.devices import graph_capture
+
 
 class KVBuffers:
     """Per-layer K/V storage that the model's attention writes through ``cache.update``.
@@ -94,6 +96,6 @@ def capture_cuda_graph(fn):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         outputs = fn()
     return graph, outputs

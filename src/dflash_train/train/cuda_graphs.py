@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from dflash_train.devices import graph_capture
+
 
 class GraphedCall:
     def __init__(self, fn, name: str, capture=None, max_shapes: int = 4):
@@ -83,7 +85,7 @@ def capture_step(fn):
     the default ``global`` mode would count that as an unsafe call inside the capture.
     """
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with graph_capture(graph, capture_error_mode="thread_local"):
         outputs = fn()
     return graph, outputs
 
