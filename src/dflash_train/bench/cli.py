@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from dflash_train.cli_types import int_at_least, nonneg_int, positive_int
+from dflash_train.files import atomic_write_text, explained
 
 
 def _layer_ids(text: str) -> list[int]:
@@ -79,7 +80,16 @@ def run_cli(args) -> int:
         return 0
     text = json.dumps(result, indent=1)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        write_result(text, Path(args.out))
     print(text, flush=True)
     return 0
+
+
+OUT_TODO = "free space or choose another --out"
+
+
+def write_result(text: str, out: Path) -> None:
+    """The JSON object to ``--out``, atomically: a failure is one line naming it, no half file."""
+    with explained("cannot write the bench result's folder", out.parent, OUT_TODO):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text + "\n", "bench result", OUT_TODO)

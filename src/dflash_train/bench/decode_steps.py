@@ -30,6 +30,7 @@ import torch
 
 from dflash_train.decoding.static import STEPS, StaticDecoder
 from dflash_train.eval.flags import at_least, positive_float, positive_int
+from dflash_train.files import atomic_write_text
 
 # name -> StaticDecoder options; the default list on CUDA runs them all in this order, the slow
 # autotuning last
@@ -258,9 +259,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _write(report: dict, path: str | None) -> None:
+    """Rewritten after every variant, atomically: a kill or a full disk leaves the last whole
+    report (never a half-written one), and a failure is one line naming ``path``."""
     if path:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
+        atomic_write_text(path, json.dumps(report, indent=2), "decode-steps report", "free space or choose another --out")
 
 
 def _summary(report: dict) -> None:

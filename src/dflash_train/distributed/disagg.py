@@ -48,8 +48,10 @@ from torch import nn
 from dflash_train.config import TrainConfig
 from dflash_train.data import BatchIterator, DataConfig, MicroBatch, batch_plan, load_tokenized
 from dflash_train.distributed import watchdog
+from dflash_train.files import explained
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.target import Target, choose_mask_token_id
+from dflash_train.train.metrics import WRITE_TODO
 from dflash_train.train.signals import StopOnSignals
 
 START, REQUEST, STOP = 0, 1, 2
@@ -347,9 +349,10 @@ class TargetServer:
         busy = window["forward_s"] + window["send_s"]
         record = {"rank": self.rank, "role": "target", **{k: round(v, 6) for k, v in window.items()},
                   "busy_fraction": busy / max(busy + window["wait_s"], 1e-9), "time": time.time()}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        with explained("cannot write the target rank's log", self.log_path, WRITE_TODO):
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
         self.echo(f"target rank {self.rank}: {int(window['items'])} micro-batches, forward {window['forward_s']:.2f}s, "
                   f"waiting for drafters {window['wait_s']:.2f}s, send {window['send_s']:.2f}s "
                   f"(busy {record['busy_fraction']:.0%})")

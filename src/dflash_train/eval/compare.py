@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.eval.flags import nonnegative_float
+from dflash_train.files import UserFacingError, atomic_write_text, read_text
 
 
 @dataclass
@@ -64,12 +65,24 @@ def load_report(path: str | Path) -> dict:
     if path.is_dir():
         path = path / "eval.json"
     try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: cannot read an eval report ({err})") from None
-    if "prompts" not in report:
+        report = json.loads(read_text(path, "eval report"))
+    except (ValueError, RecursionError) as err:
+        if isinstance(err, UserFacingError):
+            raise
+        raise ValueError(f"{path}: not an eval report ({getattr(err, 'msg', 'nested too deeply')})") from None
+    prompts = report.get("prompts") if isinstance(report, dict) else None
+    if not isinstance(prompts, list):
         raise ValueError(f"{path}: no per-prompt results (field 'prompts'); was it written by dflash-train eval?")
+    if not all(_is_prompt_result(p) for p in prompts):
+        raise ValueError(f"{path}: a per-prompt result without a numeric 'tau' and a list 'acceptance_lengths'")
     return report
+
+
+def _is_prompt_result(entry) -> bool:
+    """The fields ``compare`` reads of one prompt's result, with their types."""
+    return (isinstance(entry, dict) and isinstance(entry.get("tau"), int | float)
+            and isinstance(entry.get("acceptance_lengths"), list)
+            and all(isinstance(t, int | float) for t in entry["acceptance_lengths"]))
 
 
 def steps_tau(prompts: list[dict]) -> float:
@@ -161,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
         result = {"rows": result, "choice": pick.variant if pick else "base", "choice_line": line, "skipped": missing}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        atomic_write_text(args.json, json.dumps(result, indent=1), "comparison", "free space or choose another --json")
     return 0
 
 

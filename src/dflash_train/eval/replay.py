@@ -43,8 +43,9 @@ from dflash_train.decoding.core import (
 )
 from dflash_train.decoding.proposers import as_proposer, block_hidden, block_logits, drafter_setting
 from dflash_train.decoding.speculative import target_generate
-from dflash_train.eval.evaluate import default_stop_token_ids, summarize
+from dflash_train.eval.evaluate import REPORT_TODO, default_stop_token_ids, summarize
 from dflash_train.eval.flags import positive_int
+from dflash_train.files import UserFacingError, atomic_write_text, explained, read_text
 
 
 # ---------------------------------------------------------------------------------------
@@ -82,18 +83,44 @@ def greedy_references(target, prompts: list[torch.Tensor], length: int, engine: 
 
 
 def load_or_make_references(path: str | Path | None, key: str, make) -> list[list[int]]:
-    """The continuations stored at ``path`` under ``key``; made (and stored) when absent."""
-    if path is not None and Path(path).exists():
-        stored = json.loads(Path(path).read_text())
+    """The continuations stored at ``path`` under ``key``; made (and stored) when absent.
+
+    The file is written atomically (a failure: one line, an earlier file intact, no temp);
+    one that cannot be read or is not a references file is one line naming it, not remade
+    over (it may be the wrong path, and making them costs a decode of every prompt)."""
+    if path is not None and (Path(path).exists() or Path(path).is_symlink()):
+        stored = _read_references(Path(path))
         if stored.get("key") == key:
             return stored["continuations"]
         print(f"replay: {path} holds continuations for {stored.get('key')!r}, not {key!r}: remaking them",
               file=sys.stderr)
     continuations = make()
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps({"key": key, "continuations": continuations}))
+        with explained("cannot write replay references", Path(path).parent, REFERENCES_TODO):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"key": key, "continuations": continuations}), "replay references",
+                          REFERENCES_TODO)
     return continuations
+
+
+REFERENCES_TODO = "free space or choose another --references"
+
+
+def _read_references(path: Path) -> dict:
+    """``{"key": str, "continuations": [[int, ...], ...]}`` from ``path``, or one line."""
+    try:
+        stored = json.loads(read_text(path, "replay references"))
+    except UserFacingError:
+        raise
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"replay references {path}: not JSON ({getattr(err, 'msg', 'nested too deeply')}); "
+                         "remove it to make them again") from None
+    continuations = stored.get("continuations") if isinstance(stored, dict) else None
+    if not isinstance(continuations, list) or not all(
+            isinstance(c, list) and all(isinstance(t, int) for t in c) for c in continuations):
+        raise ValueError(f"replay references {path}: not a references file (a key and lists of token ids); "
+                         "remove it to make them again")
+    return stored
 
 
 # ---------------------------------------------------------------------------------------
@@ -305,13 +332,20 @@ def run(args: argparse.Namespace) -> int:
     report = replay(target, drafter, prompts, continuations, args.max_new_tokens, block, batched=args.batched)
     report.update({"target": args.target, "drafter": args.drafter, "prompts_file": args.prompts,
                    "dtype": args.dtype, "device": device})
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(report, indent=2))
+    out = write_replay_report(report, args.out)
     print(f"replay: {len(prompts)} prompts, mean tau {report['mean_tau']:.3f}, "
           f"per position {' '.join(f'{a:.2f}' for a in report['per_position_acceptance'][:6] if a is not None)}"
-          f" -> {out / 'eval.json'}")
+          f" -> {out}")
     return 0
+
+
+def write_replay_report(report: dict, out_dir: str | Path) -> Path:
+    """``OUT/eval.json``, atomically: a failure is one line naming it, an earlier report intact."""
+    out = Path(out_dir)
+    with explained("cannot write the replay report folder", out, REPORT_TODO):
+        out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "eval.json", json.dumps(report, indent=2), "replay report", REPORT_TODO)
+    return out / "eval.json"
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ change moves the whole curve or only its start.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import sys
@@ -28,6 +29,9 @@ from pathlib import Path
 from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.eval.compare import load_report, parse_range, steps_tau
 from dflash_train.eval.flags import float_at_least
+from dflash_train.files import atomic_write_bytes, atomic_write_text
+
+WRITE_TODO = "free space or choose another --out"
 
 
 @dataclass
@@ -144,8 +148,20 @@ def plot(series: list[Series], goals: list[float], out: Path, title: str) -> Non
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _save(fig, out)
+
+
+def _save(fig, out: Path) -> None:
+    """The PNG rendered in memory, then written atomically: a failure is one line naming
+    ``out``, an earlier plot intact, no half-written PNG."""
+    import matplotlib.pyplot as plt
+
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=120)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(out, png.getvalue(), "scaling plot", WRITE_TODO)
 
 
 def _cost(tau: float, fit: Fit) -> str:
@@ -197,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"points": first["points"], "fit": first["fit"], "goal_tau": goals[0],
               "gpu_minutes_for_goal": first["goals"][0]["gpu_minutes"], "goals": first["goals"], "series": rows}
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        atomic_write_text(args.json, json.dumps(result, indent=1), "scaling table", "free space or choose another --json")
     return 0
 
 

@@ -11,31 +11,61 @@ both on one axis shows the gap, which is the number that matters::
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
 
 from dflash_train.cli_types import register_tool, tool_parser
+from dflash_train.files import atomic_write_bytes, explained
 from dflash_train.run_folder import METRICS
+
+PLOT_TODO = "free space or choose another --out"
 
 
 def read_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) series from ``metrics.jsonl``: expected acceptance, held-out tau, loss."""
+    """(step, value) series from ``metrics.jsonl``: expected acceptance, held-out tau, loss.
+
+    A last line without its newline was torn by a kill (a run stopped mid-append) and is
+    skipped, as the resume drops it; any other bad line is one line naming ``file:line``; an
+    unreadable file (permissions, a dangling link, a folder, I/O error) is one line naming it."""
     path = Path(run_dir) / METRICS
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise FileNotFoundError(f"{path}: no {METRICS} (is {run_dir} a training run folder?)")
+    with explained("cannot read metrics", path):
+        data = path.read_bytes()
     series: dict[str, list[tuple[int, float]]] = {"expected_acceptance": [], "tau": [], "loss": []}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, record in _records(path, data):
+        for key in series:
+            if key in record and "step" in record:
+                series[key].append(_point(path, number, record, key))
+    return series
+
+
+def _records(path: Path, data: bytes):
+    """``(line number, object)`` for each complete non-empty line; a bad one is one line."""
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines[:-1], 1):  # lines[-1]: b"" or the torn last line
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}:{number}: not UTF-8 text") from None
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from None
-        for key in series:
-            if key in record and "step" in record:
-                series[key].append((int(record["step"]), float(record[key])))
-    return series
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"{path}:{number}: not JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
+        yield number, record
+
+
+def _point(path: Path, number: int, record: dict, key: str) -> tuple[int, float]:
+    try:
+        return int(record["step"]), float(record[key])
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{path}:{number}: step {record['step']!r:.40} or {key} {record[key]!r:.40} is not a number") from None
 
 
 def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
@@ -66,9 +96,14 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    with explained("cannot write the curve's folder", out.parent, PLOT_TODO):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out, png.getvalue(), "curve plot", PLOT_TODO)
     return out
 
 

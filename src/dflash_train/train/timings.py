@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from dflash_train.train.metrics import MetricLogger
+from dflash_train.files import explained
+from dflash_train.train.metrics import WRITE_TODO, MetricLogger
 
 
 class Timings:
@@ -91,7 +92,8 @@ class TimedLogger(MetricLogger):
     """The trainer's logger plus the busy/wait seconds per step of each role."""
 
     def __init__(self, run_dir, tensorboard: bool, enabled: bool, timings: Timings):
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with explained("cannot create the run folder", run_dir, WRITE_TODO):
+            run_dir.mkdir(parents=True, exist_ok=True)
         super().__init__(run_dir, tensorboard, enabled)
         self.timings = timings
 

@@ -16,13 +16,14 @@ from dflash_train.config import JobConfig
 from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
 from dflash_train.data.prefetch import PrefetchedBatches
 from dflash_train.devices import resolve_device, resolve_dtype
+from dflash_train.files import explained
 from dflash_train.models.config import resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
 from dflash_train.train.checkpoint import CheckpointManager
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
-from dflash_train.train.metrics import MetricLogger, MetricWindow
+from dflash_train.train.metrics import WRITE_TODO, MetricLogger, MetricWindow
 from dflash_train.train.optim import skips_on_device
 from dflash_train.train.parallelize import DataParallel, parallelize_drafter
 from dflash_train.train.signals import StopOnSignals
@@ -278,7 +279,7 @@ class Trainer:
     def run(self, on_step_end=None) -> dict:
         """Train to ``total_steps``. ``on_step_end(trainer)`` runs after every step
         (checkpointing, evaluation); SIGTERM/SIGINT finish the step and stop."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._make_run_dir()
         logger = self.open_logger()
         window = MetricWindow()
         bar = self._progress_bar()
@@ -329,9 +330,14 @@ class Trainer:
         window.reset()
         return {"step": self.counters.step, **record}
 
+    def _make_run_dir(self) -> None:
+        """The run folder, or one line naming it (no space, read-only, a file or dangling link there)."""
+        with explained("cannot create the run folder", self.run_dir, WRITE_TODO):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
     def open_logger(self) -> MetricLogger:
         if self.logger is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._make_run_dir()
             if self.timings is None:
                 self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
             else:

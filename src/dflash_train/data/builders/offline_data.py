@@ -22,6 +22,7 @@ import yaml
 
 from dflash_train.cli_types import nonneg_int, positive_int
 from dflash_train.data.prompt_sets import prompt_set_path
+from dflash_train.files import atomic_write_text, explained
 
 
 def chatterbot_records(language: str = "english") -> list[dict]:
@@ -79,11 +80,15 @@ def all_records(seed: int = 0) -> list[dict]:
     return records
 
 
-def write_jsonl(records: list[dict], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+WRITE_TODO = "free space or choose another --out"
+
+
+def write_jsonl(records: list[dict], path: Path, what: str = "chat data") -> Path:
+    """One JSON line per record, written atomically: a failure (no space, read-only, ...)
+    is one line naming ``path``, an earlier file intact, no half-written file or temp left."""
+    with explained(f"cannot write {what}", path.parent, WRITE_TODO):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), what, WRITE_TODO)
     return path
 
 

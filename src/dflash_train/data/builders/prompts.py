@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import re
 import sys
@@ -35,6 +34,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dflash_train.cli_types import fraction, nonneg_float, nonneg_int, positive_float, positive_int
+from dflash_train.data.builders.offline_data import write_jsonl
+from dflash_train.files import read_text
 
 TOPICS = [
     # everyday life
@@ -188,7 +189,8 @@ def load_heldout(path: str | Path | None = None) -> list[str]:
     from dflash_train.data.prompt_sets import NEVER_TRAINED, prompt_set_path
 
     paths = [Path(path)] if path else [prompt_set_path(name) for name in NEVER_TRAINED]
-    return [line.strip() for p in paths for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [read_text(p, "held-out prompts") for p in paths]
+    return [line.strip() for text in texts for line in text.splitlines() if line.strip()]
 
 
 _STOPWORD_TEXT = """
@@ -457,10 +459,7 @@ def run(args: argparse.Namespace) -> int:
         _synthetic_prompts(args, prompts)
     records = prompts.records()
     random.Random(args.seed).shuffle(records)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    write_jsonl(records, args.out, "prompt set")
     _say(f"wrote {len(records)} prompts to {args.out} (rejected {prompts.rejected}) "
          f"in {time.perf_counter() - t0:.1f}s total")
     return 0
