@@ -29,7 +29,7 @@ MAX_LINES = 420
 # this branch are being added by another branch; once merged, PENDING_REGISTRATION should be emptied.
 EXPECTED_SUBCOMMANDS = {
     "train", "demo", "data", "regenerate", "export", "eval", "bench", "plan", "config", "compare",
-    "replay", "scaling", "curve", "bench-decode", "bench-generate", "prompts", "offline-data",
+    "replay", "scaling", "curve", "bench-decode", "bench-generate", "prompts", "offline-data", "tiny-model",
 }
 PENDING_REGISTRATION: set[str] = set()
 

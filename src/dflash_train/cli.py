@@ -31,6 +31,7 @@ COMMANDS = [
     "dflash_train.bench.generate",
     "dflash_train.distributed.cli",
     "dflash_train.config_cli",
+    "dflash_train.assets",
 ]
 
 DESCRIPTION = """\
@@ -45,7 +46,7 @@ Your own model:                    dflash-train train RECIPE_OR_CONFIG target.pa
 # (heading, sub-commands, a closing line or None): the workflow first, then the side tools
 GROUPS = [
     ("1. data", ["offline-data", "prompts", "regenerate", "data"], None),
-    ("2. train", ["config", "train", "demo", "plan"], None),
+    ("2. train", ["config", "train", "demo", "tiny-model", "plan"], None),
     ("3. export", ["export"], None),
     ("4. evaluate", ["eval", "replay"], None),
     ("5. serve", [], "the exported folder's README.md gives the vLLM and SGLang command lines, "
