@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# DFlash vs DFlash2, CE vs D-PACE, at equal GPU time on the SmolLM2 recipe (issue 35's ablation), one H200.
+# Each arm trains ABL_MIN minutes of steps (default 1.1, the recipe's ablation length) on the three committed
+# answer sets (features cached on the GPU), is exported in float32 and replayed (exact greedy tau, no verify
+# steps) on the 40 held-out prompts; `dflash-train compare` then pairs every arm with the recipe as it is
+# (dflash, CE weighted by reach) per prompt, on 1-24, 25-40 and 1-40. Steps per arm (from each summary.json)
+# give the step-time cost of the convolutions and the selector.
+#
+# Usage (from the repository root, after `make venv`; ~9 minutes for the four arms):
+#   STAGES=data bash src/dflash_train/recipes/smollm2/reproduce.sh   # the answer sets, once
+#   bash src/dflash_train/recipes/smollm2/kinds.sh                   # ARMS="dflash2 dflash ..." for a subset
+#   OUT=runs/smollm2/kinds DATA=runs/smollm2/data TARGET=assets/smollm2 ABL_MIN=1.1 DFT=dflash-train
+#   EXTRA="k=v ..." more training overrides for every arm (a CPU dry run: EXTRA="train.device=cpu ...")
+# Arms: dflash (the recipe), dflash-dpace, dflash2, dflash2-dpace, dflash2-inject (the selector's loss with the
+# label injected among the candidates instead of excluding the row).
+set -uo pipefail
+TARGET=${TARGET:-assets/smollm2}
+DATA=${DATA:-runs/smollm2/data}
+OUT=${OUT:-runs/smollm2/kinds}
+ABL_MIN=${ABL_MIN:-1.1}
+DFT=${DFT:-dflash-train}
+ARMS=${ARMS:-"dflash2 dflash dflash2-dpace dflash-dpace"}
+EXTRA=${EXTRA:-}
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
+T0=$(date +%s)
+stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
+PATHS="data.paths=[$DATA/greedy-0.jsonl,$DATA/greedy-1.jsonl,$DATA/greedy-2.jsonl]"
+[ -s "$DATA/greedy-2.jsonl" ] || { echo "no $DATA/greedy-2.jsonl: run STAGES=data bash src/dflash_train/recipes/smollm2/reproduce.sh"; exit 1; }
+
+overrides() {
+  case $1 in
+    dflash) echo "" ;;
+    dflash-dpace) echo "train.objective=dpace train.reach_weighting=false" ;;
+    dflash2) echo "drafter.kind=dflash2" ;;
+    dflash2-dpace) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false" ;;
+    dflash2-inject) echo "drafter.kind=dflash2 train.selector_out_of_topk=inject" ;;
+    *) echo "unknown arm $1" >&2; return 1 ;;
+  esac
+}
+
+for arm in $ARMS; do
+  over=$(overrides "$arm") || exit 1
+  d=$OUT/$arm; mkdir -p "$d"
+  echo "$over" > "$d/overrides.txt"
+  # shellcheck disable=SC2086  # the overrides are separate words
+  $DFT train smollm2-1gpu "$PATHS" train.feature_cache_gib=124 eval.prompts=null train.progress=false \
+    train.run_dir="$d/run" train.time_budget_minutes="$ABL_MIN" train.log_every=200 train.save_every_minutes=0 \
+    $over $EXTRA > "$d/train.log" 2>&1 || { echo "train $arm failed: $d/train.log"; continue; }
+  stage "train $arm: $(grep -o 'spent at step [0-9]*' "$d/train.log" | tail -1)"
+  $DFT export "$d/run" "$d/drafter" --target "$TARGET" --force --dtype float32 > "$d/export.log" 2>&1 &&
+  $DFT replay --target "$TARGET" --drafter "$d/drafter" --prompts heldout --limit "${LIMIT:-40}" --max-new-tokens 128 \
+    --dtype float32 --references "$OUT/refs.json" --batched --out "$d" > "$d/replay.log" 2>&1
+  stage "replay $arm: $(grep -o 'mean tau [0-9.]*' "$d/replay.log")"
+done
+variants=()
+for arm in $ARMS; do [ "$arm" = dflash ] || variants+=("$OUT/$arm"); done
+$DFT compare "$OUT/dflash" "${variants[@]}" --prompts 1-24 --prompts 25-40 --prompts 1-40 --skip-missing \
+  --json "$OUT/compare.json" | tee "$OUT/compare.txt"
+stage "compare: $OUT/compare.txt"
