@@ -32,12 +32,41 @@ class TargetConfig:
     path: str = ""  # the target: a Hugging Face model folder or a .gguf file (required)
     gguf_file: str | None = None  # the .gguf file's name inside ``path`` when ``path`` is a folder
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
+    # The linear layers of the target's decoder layers (attention and MLP projections; never the
+    # embedding, lm_head or MoE routers) as FP8 e4m3 matmuls with per-row scales (models/fp8.py):
+    # weights quantized once at load (half their memory), activations per token at each call;
+    # features move by a few percent relative RMS. CUDA with compute capability 8.9+ only.
+    fp8_linear: bool = False
 
     def validate(self) -> None:
         if not self.path:
             raise ValueError("target.path is required (a HF model folder or a .gguf file)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"target.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
+        if not isinstance(self.fp8_linear, bool):
+            raise ValueError(f"target.fp8_linear must be true or false, got {self.fp8_linear!r}")
+        if self.fp8_linear and self.dtype not in ("auto", "bfloat16"):
+            raise ValueError(f"target.fp8_linear needs target.dtype auto or bfloat16, got {self.dtype}: the "
+                             "rowwise FP8 matmul returns bfloat16, so a float32/float16 target would only be "
+                             "rounded through bfloat16 at every layer")
+
+    def validate_with(self, train: TrainConfig) -> None:
+        """The target's keys against the training ones (``JobConfig.validate``). FP8 linears need
+        FP8 tensor cores: the CPU has none (its exact emulation exists for tests, slower than
+        float32 and less exact, so it is refused here; ``auto`` resolving to the CPU is refused
+        when the target loads). Their weights are FP8 buffers, not parameters, so they cannot
+        seed the drafter (``drafter_init=target`` copies parameters) and FSDP2 would not shard them."""
+        if not self.fp8_linear:
+            return
+        if train.device == "cpu":
+            raise ValueError("target.fp8_linear needs a CUDA GPU with FP8 tensor cores (compute capability "
+                             "8.9+); train.device=cpu has none: set target.fp8_linear=false")
+        if train.drafter_init == "target":
+            raise ValueError("target.fp8_linear and train.drafter_init=target: the drafter would start from "
+                             "FP8-rounded copies that are not parameters; use one or the other")
+        if train.fsdp_target:
+            raise ValueError("target.fp8_linear and train.fsdp_target: FSDP2 shards parameters, and the FP8 "
+                             "weights are buffers, so every rank would hold all of them; use one or the other")
 
 
 @dataclass
@@ -241,6 +270,7 @@ class JobConfig:
 
     def validate(self) -> None:
         self.target.validate()
+        self.target.validate_with(self.train)
         self.drafter.validate()
         self.data.validate()
         self.optim.validate()

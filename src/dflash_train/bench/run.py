@@ -107,6 +107,9 @@ class BenchConfig:
     seed: int = 0
     cuda_graph_step: bool = False  # replay the step as one CUDA graph, as the trainer does (one process)
     optim: str = "adamw"  # the optimizer the step runs (optim.name): adamw or muon
+    # the target's decoder-layer linears as FP8 matmuls (target.fp8_linear; models/fp8.py); on the CPU
+    # the float32 emulation runs instead (plumbing only: its times say nothing about FP8)
+    target_fp8: bool = False
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -166,6 +169,20 @@ def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
             model = (Qwen3ForCausalLM if dense else Qwen3MoeForCausalLM)._from_config(config, dtype=dtype)
         return Target(model.to(device))
     return Target.load(name, dtype, device)
+
+
+def _target_fp8(target: Target, device: torch.device, log) -> None:
+    """``--target-fp8``: the target's decoder-layer linears as FP8 matmuls, as ``target.fp8_linear``
+    makes them in training (the CPU gets the float32 emulation: the plumbing runs, the times mean nothing)."""
+    names = target.use_fp8_linears(emulate=device.type == "cpu")
+    where = "emulated in float32 (no FP8 matmuls on the CPU)" if device.type == "cpu" else "torch._scaled_mm"
+    log(f"target: {len(names)} decoder-layer linears in FP8 e4m3, rowwise scales, {where}")
+
+
+def _fp8_linears(target: Target) -> int:
+    from dflash_train.models.fp8 import FP8Linear
+
+    return sum(isinstance(m, FP8Linear) for m in target.modules())
 
 
 def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_parallel=None):
@@ -362,6 +379,8 @@ class StepBench:
             log(f"compile cache {cache}: {folder}")
         t0 = time.perf_counter()
         target = build_target(cfg.target_config, device, dtype)
+        if cfg.target_fp8:
+            _target_fp8(target, device, log)
         # the colocated trainer's data parallelism: one gradient all-reduce per step
         parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
         drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
@@ -454,7 +473,7 @@ class StepBench:
         drafted = timed.kept_blocks * cfg.block_size
         return {
             "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
-                       "mask_token_id": dcfg.mask_token_id,
+                       "mask_token_id": dcfg.mask_token_id, "target_fp8_linears": _fp8_linears(self.target),
                        "drafter_params": sum(p.numel() for p in self.drafter.parameters())},
             "rank": self.rank, **self._machine(), "steps": cfg.steps, "warmup": cfg.warmup,
             "step_time_s": step_s, "context_tokens_per_step": tokens_per_step,

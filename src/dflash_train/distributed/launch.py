@@ -34,7 +34,8 @@ def _load_target(cfg: TargetConfig, target, device):
     if target is None:
         from dflash_train.models.target import Target
 
-        return Target.load(cfg.path, resolve_dtype(cfg.dtype, device), device, cfg.gguf_file)
+        return Target.load(cfg.path, resolve_dtype(cfg.dtype, device), device, cfg.gguf_file,
+                           fp8_linear=cfg.fp8_linear)
     loaded = target() if callable(target) and not hasattr(target, "facts") else target
     return loaded.to(device)  # a target built elsewhere (tests, notebooks) trains on this rank's device
 

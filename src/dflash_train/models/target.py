@@ -92,14 +92,30 @@ class Target(nn.Module):
         self._layer_owner, self._layer_attr = _decoder_layers(model)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None) -> Target:
-        """Load a target from a local folder or ``folder/file.gguf`` (frozen, eval mode)."""
+    def load(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None,
+             fp8_linear: bool = False) -> Target:
+        """Load a target from a local folder or ``folder/file.gguf`` (frozen, eval mode).
+
+        ``fp8_linear`` (``target.fp8_linear``): its decoder layers' linear layers become FP8
+        matmuls once it is on ``device`` (``models/fp8.py``; a ``ValueError`` where the device
+        has no FP8 tensor cores)."""
         from transformers import AutoModelForCausalLM
 
         path, kwargs = _target_location(path, gguf_file)
         tokenizer = load_tokenizer(path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
-        return cls(model, tokenizer)
+        target = cls(model, tokenizer)
+        if fp8_linear:
+            target.use_fp8_linears()
+        return target
+
+    def use_fp8_linears(self, emulate: bool = False) -> list[str]:
+        """Replace the linear layers of the decoder layers by FP8 ones (``models/fp8.convert_linears``;
+        the embedding and lm_head are not in the decoder layers). Returns the replaced names.
+        ``emulate``: the float32 emulation where FP8 matmuls are missing (tests, the CPU bench)."""
+        from dflash_train.models.fp8 import convert_linears
+
+        return convert_linears(self.layers, emulate=emulate)
 
     # -- handles ---------------------------------------------------------------------------
     @property

@@ -101,7 +101,8 @@ class Trainer:
         self.device = resolve_device(cfg.train.device)
         self.dtype = resolve_dtype(cfg.target.dtype, self.device)
         self.run_dir = Path(cfg.train.run_dir)
-        self.target = target or Target.load(cfg.target.path, self.dtype, self.device, cfg.target.gguf_file)
+        self.target = target or Target.load(cfg.target.path, self.dtype, self.device, cfg.target.gguf_file,
+                                            fp8_linear=cfg.target.fp8_linear)
         self.drafter_cfg = self._resolve_drafter()
         torch.manual_seed(cfg.train.seed)
         self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
