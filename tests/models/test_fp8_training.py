@@ -251,6 +251,26 @@ def test_swapped_drafter_forward_and_backward_stay_close():
         assert rel_rms(outs["fp8"][1][n], grad) < 4 * LINEAR_RMS_BOUND, n
 
 
+def test_parallelize_drafter_swaps_before_checkpointing():
+    """The one application point: the swap comes first, so the checkpoint wrapper recomputes FP8
+    layers in the backward, giving exactly the gradients of the unwrapped FP8 drafter."""
+    from dflash_train.train.parallelize import parallelize_drafter
+
+    target = Target(tiny_qwen3(num_layers=6))
+    grads = {}
+    for wrapped in (False, True):
+        drafter, cfg = tiny_drafter(target, num_layers=2)
+        model = parallelize_drafter(drafter, wrapped, False, fp8=True, fp8_emulate=True)
+        assert len(names_of(drafter, FP8TrainingLinear)) == 2 * len(DRAFTER_PROJECTIONS)
+        g = torch.Generator().manual_seed(0)
+        embeds, feats = torch.randn(1, 8, 64, generator=g), torch.randn(1, 12, 64 * len(cfg.target_layer_ids), generator=g)
+        model(embeds, feats, torch.arange(12, 20)[None], torch.arange(12)[None]).square().mean().backward()
+        grads[wrapped] = {n.replace("._checkpoint_wrapped_module", ""): p.grad for n, p in drafter.named_parameters()}
+    assert grads[True].keys() == grads[False].keys()
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=0, atol=0, msg=name)
+
+
 # -- training --------------------------------------------------------------------------------------
 @pytest.fixture
 def fp8_on_this_cpu(monkeypatch):
