@@ -175,6 +175,12 @@ class TrainConfig:
     feature_cache_gib: float | None = None
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
+    # The drafter layers' attention and MLP projections compute forward AND backward in FP8 e4m3 with
+    # rowwise scales (models/fp8.py, torchao's "rowwise" recipe); the master weights keep their dtype and
+    # are re-quantized every call. Not fc, the embedding, lm_head or DFlash2's small projections.
+    # Experimental: keep it only where the loss curve and held-out tau match a run without it.
+    # CUDA with compute capability 8.9+ only; not with fsdp_drafter.
+    fp8_drafter: bool = False
 
     def validate(self) -> None:
         if self.epochs <= 0 and not self.max_steps:
@@ -235,9 +241,24 @@ class TrainConfig:
         if self.feature_cache != "off" and self.distill > 0:
             raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
                              "final hidden states at every step: use one or the other")
-        for name in ("fsdp_drafter", "fsdp_target"):
+        for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+        self._validate_fp8_drafter()
+
+    def _validate_fp8_drafter(self) -> None:
+        """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,
+        slower than float32 and less exact, so it is refused here; ``auto`` resolving to the CPU is
+        refused when the drafter is prepared). FSDP2 would hand the layers sharded parameters to
+        gather and quantize per rank, a combination nothing here has checked."""
+        if not self.fp8_drafter:
+            return
+        if self.device == "cpu":
+            raise ValueError("train.fp8_drafter needs a CUDA GPU with FP8 tensor cores (compute capability "
+                             "8.9+); train.device=cpu has none: set train.fp8_drafter=false")
+        if self.fsdp_drafter:
+            raise ValueError("train.fp8_drafter and train.fsdp_drafter: FP8 drafter layers are checked with "
+                             "one process and DDP only; use one or the other")
 
 
 @dataclass

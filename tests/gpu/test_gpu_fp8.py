@@ -15,6 +15,7 @@ import gc
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,4 +156,106 @@ def test_bench_target_fp8_on_cuda():
     assert rc == 0
     result = json.loads(stdout.getvalue())
     assert result["config"]["target_fp8"] is True and result["config"]["target_fp8_linears"] == 8 * 7
+    assert math.isfinite(result["last_loss"]) and result["recompiles_after_warmup"] == 0
+
+
+# -- the drafter's FP8 training linears (train.fp8_drafter) -----------------------------------------
+def _fp8_linear_grads(layer, x, gy):
+    x = x.clone().requires_grad_()
+    layer.weight.grad = None
+    y = layer(x)
+    y.backward(gy)
+    return y.detach(), x.grad, layer.weight.grad.clone()
+
+
+@needs_fp8
+@pytest.mark.parametrize("m, k, n", [(300, 1024, 1536), (4096, 512, 256), (17, 256, 512)])
+def test_training_linear_on_cuda_is_the_emulation_forward_and_backward(m, k, n):
+    """``_scaled_mm`` for all three GEMMs (M = 300 and 17 pad the weight gradient's reduction) against
+    the emulation on the same quantized operands: the same values up to bf16's output rounding and the
+    tensor cores' accumulation order; both within the derived bound of the float product."""
+    from dflash_train.models.fp8 import FP8TrainingLinear
+
+    torch.manual_seed(0)
+    linear = nn.Linear(k, n, bias=False, device="cuda")  # float32 master weight, as in training
+    native = FP8TrainingLinear.from_linear(linear)
+    emulated = FP8TrainingLinear.from_linear(linear, emulate=True)
+    assert not native.emulate
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    gy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = _fp8_linear_grads(native, x, gy)
+        exp = _fp8_linear_grads(emulated, x, gy)
+    xf = x.float().requires_grad_()
+    ref_y = xf @ linear.weight.t()
+    ref_x, ref_w = torch.autograd.grad(ref_y, [xf, linear.weight], gy.float())
+    for name, a, b, ref in zip(("y", "grad_x", "grad_w"), got, exp, (ref_y.detach(), ref_x, ref_w)):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert rel_rms(a, b) < 2 * BF16_ULP, (name, rel_rms(a, b))
+        assert rel_rms(a, ref) < LINEAR_RMS_BOUND + BF16_ULP, (name, rel_rms(a, ref))
+    assert got[0].dtype == torch.bfloat16 and got[2].dtype == torch.float32
+
+
+def _fp8_chat_job(tmp_path, name, **train):
+    from testkit import tiny_chat_job
+
+    job = tiny_chat_job(tmp_path / name, max_steps=14, device="cuda", num_anchors=16, log_every=1,
+                        tensorboard=False, **train)
+    job["data"]["pack"] = True
+    job["target"]["dtype"] = "bfloat16"
+    return job
+
+
+def _train_fp8_job(job, tmp_path, name):
+    from testkit import tiny_chat_target
+
+    from dflash_train.config import config_from_dict
+    from dflash_train.models.fp8 import FP8TrainingLinear
+    from dflash_train.train.trainer import Trainer
+
+    target = tiny_chat_target(Path(__file__).resolve().parents[2] / "assets" / "smollm2")
+    target.model.to("cuda", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    cfg = config_from_dict(job)
+    cfg.validate()
+    trainer = Trainer(cfg, target=target, echo=lambda *a: None)
+    swapped = sum(isinstance(m, FP8TrainingLinear) for m in trainer.drafter.modules())
+    trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r], trainer, swapped
+
+
+@needs_fp8
+def test_fp8_drafter_compiled_cuda_graph_step_equals_eager_and_tracks_bf16(tmp_path):
+    """``train.fp8_drafter`` through the trainer: compiled drafter layers (dynamo traces the FP8
+    autograd function, ``_scaled_mm`` in forward and backward), the whole step replayed as one CUDA
+    graph after two eager steps; its losses equal the eager FP8 step's, fall, and stay close to the
+    bf16 run's (the same job without FP8)."""
+    out = {}
+    for name, fp8_on, graphed in (("bf16", False, False), ("eager", True, False), ("graphed", True, True)):
+        job = _fp8_chat_job(tmp_path, name, fp8_drafter=fp8_on, cuda_graph_step=graphed)
+        losses, trainer, swapped = _train_fp8_job(job, tmp_path, name)
+        assert swapped == (7 if fp8_on else 0)
+        assert (trainer.step.graph is not None) == graphed
+        out[name] = losses
+        if graphed:
+            assert trainer.step.graph.enabled and trainer.step.graph.replays >= 12
+    torch.testing.assert_close(torch.tensor(out["graphed"]), torch.tensor(out["eager"]), rtol=2e-3, atol=2e-3)
+    fp8_curve, bf16_curve = out["eager"], out["bf16"]
+    assert sum(fp8_curve[-4:]) < 0.8 * sum(fp8_curve[:4]), fp8_curve
+    for a, b in zip(fp8_curve, bf16_curve):
+        assert abs(a - b) <= 0.05 * b, (fp8_curve, bf16_curve)
+
+
+@needs_fp8
+def test_bench_drafter_fp8_on_cuda():
+    from dflash_train.cli import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["bench", "--target-config", "tiny", "--steps", "2", "--warmup", "2", "--device", "cuda",
+                   "--matmul-size", "2048", "--drafter-fp8", "--drafter-layers", "2"])
+    assert rc == 0
+    result = json.loads(stdout.getvalue())
+    assert result["config"]["drafter_fp8"] is True and result["config"]["drafter_fp8_linears"] == 2 * 7
     assert math.isfinite(result["last_loss"]) and result["recompiles_after_warmup"] == 0

@@ -110,6 +110,9 @@ class BenchConfig:
     # the target's decoder-layer linears as FP8 matmuls (target.fp8_linear; models/fp8.py); on the CPU
     # the float32 emulation runs instead (plumbing only: its times say nothing about FP8)
     target_fp8: bool = False
+    # the drafter layers' projections with FP8 forward and backward GEMMs (train.fp8_drafter); on the CPU
+    # the float32 emulation (plumbing only, as target_fp8)
+    drafter_fp8: bool = False
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -185,7 +188,13 @@ def _fp8_linears(target: Target) -> int:
     return sum(isinstance(m, FP8Linear) for m in target.modules())
 
 
-def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_parallel=None):
+def _fp8_training_linears(drafter) -> int:
+    from dflash_train.models.fp8 import FP8TrainingLinear
+
+    return sum(isinstance(m, FP8TrainingLinear) for m in drafter.modules())
+
+
+def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_parallel=None, log=None):
     """(drafter, the module a step calls, its resolved config), wrapped as the trainer wraps it."""
     mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
     dcfg = resolve_drafter_config(
@@ -198,8 +207,12 @@ def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_p
     with torch.device(device):  # fp32 master weights, as the trainer
         drafter = DFlashDrafter(dcfg)
     drafter = drafter.to(device)
-    # the trainer's own wrapping: checkpoint-wrap each layer, compile each wrapped layer, DDP
-    model = parallelize_drafter(drafter, cfg.checkpoint_drafter, cfg.compile, data_parallel)
+    # the trainer's own wrapping: FP8 projections, checkpoint-wrap each layer, compile each wrapped layer, DDP
+    model = parallelize_drafter(drafter, cfg.checkpoint_drafter, cfg.compile, data_parallel,
+                                fp8=cfg.drafter_fp8, fp8_emulate=device.type == "cpu")
+    if cfg.drafter_fp8 and log is not None:
+        where = "emulated in float32 (no FP8 matmuls on the CPU)" if device.type == "cpu" else "torch._scaled_mm"
+        log(f"drafter: {_fp8_training_linears(drafter)} projections with FP8 e4m3 forward and backward, {where}")
     return drafter, model, dcfg
 
 
@@ -383,7 +396,7 @@ class StepBench:
             _target_fp8(target, device, log)
         # the colocated trainer's data parallelism: one gradient all-reduce per step
         parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
-        drafter, model, dcfg = build_drafter(target, cfg, device, parallel)
+        drafter, model, dcfg = build_drafter(target, cfg, device, parallel, log)
         synchronize(device)
         build_s = time.perf_counter() - t0
         log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
@@ -474,6 +487,7 @@ class StepBench:
         return {
             "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
                        "mask_token_id": dcfg.mask_token_id, "target_fp8_linears": _fp8_linears(self.target),
+                       "drafter_fp8_linears": _fp8_training_linears(self.drafter),
                        "drafter_params": sum(p.numel() for p in self.drafter.parameters())},
             "rank": self.rank, **self._machine(), "steps": cfg.steps, "warmup": cfg.warmup,
             "step_time_s": step_s, "context_tokens_per_step": tokens_per_step,

@@ -3,9 +3,8 @@
 Why the target, and only the target. The target runs inference only: no gradient flows
 through it, and its weights never change. So a weight is quantized ONCE at load time, the
 bf16 copy is dropped (half the memory for those weights), and each call quantizes just its
-input. The drafter trains: its weights move every step and its backward would need FP8
-gradients (e5m2, delayed scaling...), a different and riskier recipe that this module does
-not attempt. The embedding and the lm_head are never touched: the drafter reads them as
+input. The drafter trains: its weights move every step and its backward needs FP8 gradients too,
+a different recipe, opt-in separately (``train.fp8_drafter``; the section "training" at the end). The embedding and the lm_head are never touched: the drafter reads them as
 tensors (its own lm_head product, the distillation logits), and a vocabulary-wide product
 is where quantization error would reach the loss directly.
 
@@ -262,4 +261,170 @@ def convert_linears(layers: nn.ModuleList, emulate: bool = False, compile_quanti
         parent_name, _, attr = name.rpartition(".")
         parent = layers.get_submodule(parent_name) if parent_name else layers
         setattr(parent, attr, FP8Linear.from_linear(getattr(parent, attr), emulate, compile_quantizer))
+    return names
+
+
+# -- training: the drafter's own linear layers (``train.fp8_drafter``) ---------------------------
+#
+# The drafter trains, so each of its projections costs three GEMMs per step, and all three run in
+# FP8 here (torchao's "rowwise" float8 recipe: e4m3 operands everywhere, one scale per row or
+# column along the reduction dimension). For ``y = x W^T`` (x [M, K] tokens, W [N, K]):
+#
+#     forward      y      = x  @ W^T   reduces over K: x per token (row),   W per output row
+#     input grad   dL/dx  = gy @ W     reduces over N: gy per token (row),  W per input COLUMN
+#     weight grad  dL/dW  = gy^T @ x   reduces over M: gy per output column, x per input column
+#
+# Every scale runs along the reduction dimension, the only way it can leave the sum as one factor
+# per output row and one per output column (``_scaled_mm``'s rowwise epilogue). So each GEMM is
+# ``a @ b^T`` with ``a`` [P, R] and ``b`` [Q, R] both quantized per row over R: :func:`fp8_mm_nt`,
+# called on transposed views for the two gradients. The weight is quantized twice (per row for the
+# forward, per column for the input gradient) from the master copy at EVERY call: the optimizer
+# updates the master (bf16 or float32) and FP8 never outlives a step. The backward quantizes what
+# the forward saved in high precision (the input, the weight), as torchao does.
+#
+# Why e4m3 for the gradient, not e5m2. e5m2's extra exponent bit served tensor-wise scales (one
+# scale for a whole gradient whose rows span many octaves); with a scale per row or column the range
+# a row must cover is small and e4m3's extra mantissa bit halves the rounding error (2^-4 against
+# 2^-3 of each value). The bounds of the forward (module docstring: 2^-4 * sqrt(2/3) relative RMS
+# for a product of two quantized operands) then hold for both gradients too, before bf16's output
+# rounding (2^-9): the rowwise kernel writes bfloat16, which the emulation reproduces.
+#
+# Layout (``_scaled_mm``, see above): R and Q multiples of 16. The projections of a real drafter
+# are; the token count M (the weight gradient's R) often is not, and is zero padded (zero columns
+# add nothing and change no row's amax), as are odd R or Q.
+
+DRAFTER_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def _quantize_padded(x: torch.Tensor, cols: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [p, r] zero padded to [rows, cols], quantized per row: a row-major e4m3 tensor (a
+    transposed view in gives a contiguous copy out: one byte per element) and [rows, 1] scales."""
+    p, r = x.shape
+    if cols != r or rows != p:
+        x = F.pad(x, (0, cols - r, 0, rows - p))
+    q, scale = quantize_rows(x)
+    return q.contiguous(), scale
+
+
+def fp8_mm_nt(a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
+    """``a`` [P, R] @ ``b`` [Q, R]^T -> [P, Q] bfloat16, both operands quantized to e4m3 per row
+    over R; ``_scaled_mm`` unless ``emulate`` (the float32 emulation, autocast off so its matmul
+    stays float32). Any strides in (the gradients pass transposed views)."""
+    (p, r), q = a.shape, b.shape[0]
+    qa, scale_a = _quantize_padded(a, _padded(r), p)
+    qb, scale_b = _quantize_padded(b, _padded(r), _padded(q))
+    scale_b = scale_b.reshape(1, -1)
+    if emulate:
+        with torch.autocast(a.device.type, enabled=False):
+            out = emulated_mm(qa, scale_a, qb, scale_b)
+    else:
+        out = scaled_mm(qa, scale_a, qb, scale_b)
+    return out[:, :q]
+
+
+class _FP8TrainingMatmul(torch.autograd.Function):
+    """``x`` [M, K] @ ``weight`` [N, K]^T with the three GEMMs in FP8 (see the section comment).
+    Saves ``x`` and ``weight`` in their own precision; the gradients come back in their dtypes
+    (float32 for float32 master weights: the bf16 GEMM output, widened)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, emulate: bool, out_dtype: torch.dtype):
+        ctx.save_for_backward(x, weight)
+        ctx.emulate = emulate
+        return fp8_mm_nt(x, weight, emulate).to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:  # gy [M, N] @ W [N, K]: b = W^T [K, N], per column of W
+            grad_x = fp8_mm_nt(grad_out, weight.t(), ctx.emulate).to(x.dtype)
+        if ctx.needs_input_grad[1]:  # gy^T [N, M] @ x [M, K]: b = x^T [K, M], per input channel
+            grad_w = fp8_mm_nt(grad_out.t(), x.t(), ctx.emulate).to(weight.dtype)
+        return grad_x, grad_w, None, None
+
+
+def fp8_training_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        emulate: bool = False) -> torch.Tensor:
+    """``F.linear`` with its forward and backward GEMMs in FP8, and ``F.linear``'s autocast
+    behaviour: under autocast the input is cast to the autocast dtype (what the float run's
+    ``F.linear`` multiplies, and half the memory saved for the backward) and so is the output;
+    the weight is quantized from its master copy directly (no bf16 copy in between)."""
+    device_type = x.device.type
+    out_dtype = x.dtype
+    if torch.is_autocast_enabled(device_type):
+        out_dtype = torch.get_autocast_dtype(device_type)
+        x = x.to(out_dtype)
+    rows = x.reshape(-1, x.shape[-1])
+    out = _FP8TrainingMatmul.apply(rows, weight, emulate, out_dtype)
+    if bias is not None:
+        out = out + bias.to(out_dtype)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+class FP8TrainingLinear(nn.Linear):
+    """An ``nn.Linear`` of the drafter whose GEMMs (forward and backward) run in FP8 e4m3 with
+    rowwise scales. Its parameters are the float layer's own ``weight`` and ``bias`` (same objects,
+    same names): the optimizer, checkpoints, export and DDP see an unchanged drafter. ``emulate``:
+    the float32 emulation (CPU tests) instead of ``_scaled_mm``, fixed at construction so a
+    compiled graph never asks the device at run time."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 emulate: bool = False):
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.emulate = emulate
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, emulate: bool = False) -> FP8TrainingLinear:
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta", emulate=emulate)
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fp8_training_linear(x, self.weight, self.bias, self.emulate)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fp8 e4m3 rowwise forward and backward{', emulated' if self.emulate else ''}"
+
+
+def drafter_projection_names(drafter: nn.Module) -> list[str]:
+    """The drafter's attention and MLP projections (plain ``nn.Linear`` inside ``drafter.layers``).
+
+    Left in float, on purpose: ``fc`` (reads the target's raw residual stream, whose massive
+    activations in a few channels would push each token's other channels into e4m3's subnormals:
+    a per-token scale cannot help within a token), DFlash2's ``kernel_projection`` (its output sets
+    each token's convolution taps multiplicatively, its width 2 * K * groups is small and need not
+    be a multiple of 16, and it starts at zero) and the selector's ``hidden_projection`` (rank-r
+    scores ranked by top-k, where a rounding flips a choice, as for MoE routers); the embedding and
+    lm_head are the target's, never the drafter's.
+    """
+    layers = drafter.layers
+    return [f"layers.{name}" for name, module in layers.named_modules()
+            if type(module) is nn.Linear and name.split(".", 1)[-1] in DRAFTER_PROJECTIONS]
+
+
+def use_fp8_training_linears(drafter: nn.Module, emulate: bool = False) -> list[str]:
+    """Swap the drafter's projections (:func:`drafter_projection_names`) for
+    :class:`FP8TrainingLinear` holding the same parameters; returns the swapped names. Call it
+    before checkpoint wrapping, compilation, DDP and the optimizer (``parallelize_drafter``).
+
+    Refuses (``ValueError``) a device without FP8 matmuls unless ``emulate`` (tests): there the
+    emulation is slower than the float layer and helps nobody. On a device without them the
+    emulation is used even if ``why_not_native`` was bypassed, so a test can drive the trainer.
+    """
+    names = drafter_projection_names(drafter)
+    if not names:
+        return names
+    device = drafter.get_submodule(names[0]).weight.device
+    if not emulate:
+        reason = why_not_native(device)
+        if reason:
+            raise ValueError(f"train.fp8_drafter: {reason}; set train.fp8_drafter=false")
+    emulate = emulate or not native_fp8(device)
+    for name in names:
+        parent_name, _, attr = name.rpartition(".")
+        parent = drafter.get_submodule(parent_name)
+        setattr(parent, attr, FP8TrainingLinear.from_linear(getattr(parent, attr), emulate))
     return names

@@ -138,10 +138,20 @@ def _fsdp_no_sync(model):
 
 
 def parallelize_drafter(drafter: nn.Module, activation_checkpointing: bool, compile: bool,
-                        data_parallel: DataParallel | None = None, compile_mode: str = "default") -> nn.Module:
-    """Checkpoint-wrap, compile, then replicate or shard; returns the module a step calls
-    (DDP's wrapper, or the drafter itself). Call it before the optimizer exists: FSDP2
-    replaces the parameters by sharded ones, which the optimizer must hold."""
+                        data_parallel: DataParallel | None = None, compile_mode: str = "default",
+                        fp8: bool = False, fp8_emulate: bool = False) -> nn.Module:
+    """FP8 projections, checkpoint-wrap, compile, then replicate or shard; returns the module a
+    step calls (DDP's wrapper, or the drafter itself). Call it before the optimizer exists: FSDP2
+    replaces the parameters by sharded ones, which the optimizer must hold.
+
+    ``fp8`` (``train.fp8_drafter``): the drafter layers' attention and MLP projections compute
+    their forward and backward GEMMs in FP8 (``models/fp8.use_fp8_training_linears``). First, so
+    that checkpointing and compilation wrap the swapped modules; the parameters stay the same
+    objects under the same names. ``fp8_emulate``: the float32 emulation (CPU tests, the bench)."""
+    if fp8:
+        from dflash_train.models.fp8 import use_fp8_training_linears
+
+        use_fp8_training_linears(drafter, emulate=fp8_emulate)
     if activation_checkpointing:
         apply_activation_checkpointing(drafter)
     if compile:

@@ -114,7 +114,7 @@ class Trainer:
         self.compiled = cfg.train.compile and self.device.type == "cuda"
         # what a step calls: the drafter, or its DDP wrapper
         self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
-                                         data_parallel, cfg.train.compile_mode)
+                                         data_parallel, cfg.train.compile_mode, fp8=cfg.train.fp8_drafter)
         self._build_data()
         self.counters = Counters()
         budget = self.budget_seconds
