@@ -6,7 +6,8 @@
 # (dflash, CE weighted by reach) per prompt, on 1-24, 25-40 and 1-40. Steps per arm (from each summary.json)
 # give the step-time cost of the convolutions and the selector.
 #
-# Usage (from the repository root, after `make venv`; ~9 minutes for the four arms):
+# Usage (from the repository root, after `make venv`; ~9 minutes for the four arms; rerun to finish the arms
+# not yet replayed, e.g. after a time limit):
 #   STAGES=data bash src/dflash_train/recipes/smollm2/reproduce.sh   # the answer sets, once
 #   bash src/dflash_train/recipes/smollm2/kinds.sh                   # ARMS="dflash2 dflash ..." for a subset
 #   OUT=runs/smollm2/kinds DATA=runs/smollm2/data TARGET=assets/smollm2 ABL_MIN=1.1 DFT=dflash-train
@@ -40,7 +41,9 @@ overrides() {
 
 for arm in $ARMS; do
   over=$(overrides "$arm") || exit 1
-  d=$OUT/$arm; mkdir -p "$d"
+  d=$OUT/$arm
+  if [ -s "$d/eval.json" ]; then echo "== $arm: replayed before ($d/eval.json), kept"; continue; fi
+  rm -rf "$d" && mkdir -p "$d"  # an arm cut short starts again (arms are short)
   echo "$over" > "$d/overrides.txt"
   # shellcheck disable=SC2086  # the overrides are separate words
   $DFT train smollm2-1gpu "$PATHS" train.feature_cache_gib=124 eval.prompts=null train.progress=false \
