@@ -19,7 +19,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from dflash_train.cli_types import int_at_least, positive_int, register_tool
+from dflash_train.cli_types import int_at_least, nonneg_int, positive_int, register_tool
 from dflash_train.files import (
     UserFacingError,
     atomic_write_bytes,
@@ -149,7 +149,7 @@ def _tiny_arguments(parser) -> None:
     parser.add_argument("--layers", type=positive_int, default=4, help="decoder layers (default 4)")
     parser.add_argument("--hidden", type=int_at_least(16), default=128,
                         help="hidden size, a multiple of 16 (default 128)")
-    parser.add_argument("--seed", type=int, default=0, help="weight initialization seed")
+    parser.add_argument("--seed", type=nonneg_int, default=0, help="weight initialization seed")
 
 
 def _run_tiny(args) -> int:

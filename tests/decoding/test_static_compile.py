@@ -150,7 +150,7 @@ def test_decoders_never_add_or_remove_hooks_after_the_first():
         assert _hook_counts(target) == after_first
 
 
-def test_a_decoder_collected_while_another_compiles_breaks_nothing(monkeypatch):
+def test_a_decoder_collected_while_another_compiles_breaks_nothing():
     """The failure itself, forced: a compiled decoder is dropped (it sits in a reference
     cycle, so only the garbage collector frees it), and the collector runs in the middle of
     the next decoder's compile, between dynamo's trace and its guards (where it struck on
@@ -169,9 +169,9 @@ def test_a_decoder_collected_while_another_compiles_breaks_nothing(monkeypatch):
         first = StaticDecoder(target, drafter, max_len=48, mode="eager", compile=True, compile_steps=("verify",))
         assert first.speculative(ids, 12).tokens == ref.tokens
         del first
-        monkeypatch.setattr(inductor_config, "post_grad_custom_pre_pass", lambda graph: gc.collect())
         second = StaticDecoder(target, drafter, max_len=48, mode="eager", compile=True, compile_steps=("verify",),
                                fuse_projections=True)
-        out = second.speculative(ids, 12)
+        with inductor_config.patch(post_grad_custom_pre_pass=lambda graph: gc.collect()):
+            out = second.speculative(ids, 12)
     assert out.tokens == ref.tokens and out.acceptance_lengths == ref.acceptance_lengths
     assert second.verify_step.compiled
