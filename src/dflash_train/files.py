@@ -264,3 +264,19 @@ def read_text(path: str | Path, what: str = "file", max_bytes: int | None = None
         hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
         raise UserFacingError(f"{what} {path}: not UTF-8 text{hint}: byte {data[err.start]:#04x} at offset "
                               f"{err.start}; save it as UTF-8") from None
+
+
+def write_figure(fig, path: str | Path, what: str, todo: str = "", dpi: int = 100) -> Path:
+    """A matplotlib figure as a PNG: rendered in memory (the figure closed either way), then
+    written atomically, so a failure is one line naming ``path`` and an earlier plot stays intact."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    png = io.BytesIO()
+    try:
+        fig.savefig(png, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, png.getvalue(), what, todo)
+    return Path(path)

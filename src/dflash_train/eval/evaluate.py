@@ -14,7 +14,6 @@ that position, the speculative token is within :data:`TIE_TOLERANCE` of the top 
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -27,7 +26,7 @@ import torch
 
 from dflash_train.decoding.core import GenResult, SpecResult
 from dflash_train.decoding.speculative import speculative_generate, target_generate
-from dflash_train.files import atomic_write_bytes, atomic_write_text, explained
+from dflash_train.files import atomic_write_text, explained, write_figure
 
 # Largest gap (plain decode's top-1 logit minus the logit of the token speculative decoding
 # chose) that still counts as a rounding near-tie at the first divergence.
@@ -401,14 +400,7 @@ def plot_report(report: dict, path: str | os.PathLike) -> Path:
     fig.suptitle(f"DFlash eval: {report['num_prompts']} prompts, block {report['block_size']}, "
                  f"T={report['temperature']}")
     fig.tight_layout()
-    path = Path(path)
-    png = io.BytesIO()
-    try:
-        fig.savefig(png, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    atomic_write_bytes(path, png.getvalue(), "eval plot", REPORT_TODO)
-    return path
+    return write_figure(fig, path, "eval plot", REPORT_TODO)
 
 
 REPORT_TODO = "free space or choose another output folder"

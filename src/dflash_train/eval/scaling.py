@@ -19,7 +19,6 @@ change moves the whole curve or only its start.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.eval.compare import load_report, parse_range, steps_tau
 from dflash_train.eval.flags import float_at_least
-from dflash_train.files import atomic_write_bytes, atomic_write_text
+from dflash_train.files import atomic_write_text, write_figure
 
 WRITE_TODO = "free space or choose another --out"
 
@@ -152,16 +151,7 @@ def plot(series: list[Series], goals: list[float], out: Path, title: str) -> Non
 
 
 def _save(fig, out: Path) -> None:
-    """The PNG rendered in memory, then written atomically: a failure is one line naming
-    ``out``, an earlier plot intact, no half-written PNG."""
-    import matplotlib.pyplot as plt
-
-    png = io.BytesIO()
-    try:
-        fig.savefig(png, format="png", dpi=120)
-    finally:
-        plt.close(fig)
-    atomic_write_bytes(out, png.getvalue(), "scaling plot", WRITE_TODO)
+    write_figure(fig, out, "scaling plot", WRITE_TODO, dpi=120)
 
 
 def _cost(tau: float, fit: Fit) -> str:

@@ -11,13 +11,12 @@ both on one axis shows the gap, which is the number that matters::
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
 
 from dflash_train.cli_types import register_tool, tool_parser
-from dflash_train.files import atomic_write_bytes, explained
+from dflash_train.files import explained, write_figure
 from dflash_train.run_folder import METRICS
 
 PLOT_TODO = "free space or choose another --out"
@@ -96,15 +95,9 @@ def plot_curves(runs: dict[str, dict], out: str | Path) -> Path:
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     out = Path(out)
-    png = io.BytesIO()
-    try:
-        fig.savefig(png, format="png", dpi=100)
-    finally:
-        plt.close(fig)
     with explained("cannot write the curve's folder", out.parent, PLOT_TODO):
         out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out, png.getvalue(), "curve plot", PLOT_TODO)
-    return out
+    return write_figure(fig, out, "curve plot", PLOT_TODO)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
