@@ -109,6 +109,13 @@ class _LayerTap:
 _LAYER_TAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> its _LayerTap
 
 
+def _layer_tap(layer) -> _LayerTap:
+    """``layer``'s tap, made (and its hook registered) the first time any decoder asks."""
+    if layer not in _LAYER_TAPS:
+        _LAYER_TAPS[layer] = _LayerTap(layer)
+    return _LAYER_TAPS[layer]
+
+
 class _FeatureTap:
     """The raw outputs of the feature layers at every target forward inside :meth:`armed`
     (the same tensors as ``Target.forward_with_features``, whose per-call hooks would stop
@@ -123,8 +130,7 @@ class _FeatureTap:
 
     def __init__(self, layers, layer_ids: list[int]):
         self.layer_ids = layer_ids
-        self.taps = {i: _LAYER_TAPS.get(layers[i]) or _LAYER_TAPS.setdefault(layers[i], _LayerTap(layers[i]))
-                     for i in sorted(set(layer_ids))}
+        self.taps = {i: _layer_tap(layers[i]) for i in sorted(set(layer_ids))}
 
     @contextlib.contextmanager
     def armed(self):
