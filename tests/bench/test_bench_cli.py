@@ -21,6 +21,7 @@ FIELDS = {
     "phase_seconds", "profiled_step_s", "phase_timing", "peak_memory_gib", "peak_host_rss_gib", "build_s",
     "first_step_s", "compile_cache", "compile_s", "compile_breakdown_s", "warmup_step_s", "recompiles_after_warmup", "dynamo_graphs_total", "last_loss",
     "rank", "world_size", "context_tokens_per_s_per_gpu", "cuda_graph_step",
+    "matmul_ceiling_fp8_tflops", "mfu_vs_fp8_ceiling",
 }
 
 
@@ -63,6 +64,7 @@ def test_sane_values(result):
     assert result["matmul_ceiling_tflops"] > 0 and "float32" in result["matmul_ceiling"]
     assert result["mfu"] == pytest.approx(result["achieved_tflops"] / result["matmul_ceiling_tflops"])
     assert 0 < result["mfu"] < 5  # a tiny model is far from the ceiling; no absurd values
+    assert result["matmul_ceiling_fp8_tflops"] is None and result["mfu_vs_fp8_ceiling"] is None  # no FP8 run
     phases = result["phase_seconds"]
     assert set(phases) == {"prepare", "target_forward", "drafter_forward", "backward", "optimizer"}
     assert all(v >= 0 for v in phases.values())

@@ -157,6 +157,8 @@ def test_bench_target_fp8_on_cuda():
     result = json.loads(stdout.getvalue())
     assert result["config"]["target_fp8"] is True and result["config"]["target_fp8_linears"] == 8 * 7
     assert math.isfinite(result["last_loss"]) and result["recompiles_after_warmup"] == 0
+    assert result["matmul_ceiling_fp8_tflops"] > 0  # the FP8 product measured beside the bf16 one
+    assert result["mfu_vs_fp8_ceiling"] * result["matmul_ceiling_fp8_tflops"] == pytest.approx(result["achieved_tflops"])
 
 
 # -- the drafter's FP8 training linears (train.fp8_drafter) -----------------------------------------

@@ -332,6 +332,16 @@ def test_bench_flag_is_recorded_and_the_step_runs():
     assert plain["config"]["target_fp8"] is False and plain["config"]["target_fp8_linears"] == 0
     assert fp8_run["config"]["target_fp8"] is True and fp8_run["config"]["target_fp8_linears"] == 8 * 7
     assert math.isfinite(fp8_run["last_loss"]) and fp8_run["last_loss"] != plain["last_loss"]
+    # the CPU has no FP8 products to measure: the second ceiling stays null rather than an emulation's speed
+    assert fp8_run["matmul_ceiling_fp8_tflops"] is None and fp8_run["mfu_vs_fp8_ceiling"] is None
+
+
+def test_ceiling_report_divides_by_each_measured_ceiling():
+    from dflash_train.bench.run import Ceiling
+
+    both = Ceiling(400.0, 8192, torch.bfloat16, fp8_tflops=1000.0).report(200.0)
+    assert both["mfu"] == 0.5 and both["mfu_vs_fp8_ceiling"] == 0.2 and both["matmul_ceiling_fp8_tflops"] == 1000.0
+    assert Ceiling(400.0, 8192, torch.bfloat16).report(200.0)["mfu_vs_fp8_ceiling"] is None
 
 
 def test_bench_cli_flag(capsys):

@@ -232,15 +232,13 @@ def _noop(_phase: str) -> None:
     pass
 
 
-def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, seconds: float = 0.5) -> float:
-    """Achieved TFLOP/s of a square ``size``^3 matmul (the MFU denominator)."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+def _achieved_tflops(matmul, flops: int, device: torch.device, seconds: float) -> float:
+    """TFLOP/s of ``matmul()`` (``flops`` each call), repeated for about ``seconds`` after warming up."""
     for _ in range(3):
-        a @ b
+        matmul()
     synchronize(device)
     start = time.perf_counter()
-    a @ b
+    matmul()
     synchronize(device)
     one = max(time.perf_counter() - start, 1e-6)
     iters = max(3, min(200, int(seconds / one)))
@@ -248,16 +246,35 @@ def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, seconds:
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         for _ in range(iters):
-            a @ b
+            matmul()
         end.record()
         torch.cuda.synchronize(device)
         elapsed = begin.elapsed_time(end) / 1e3
     else:
         start = time.perf_counter()
         for _ in range(iters):
-            a @ b
+            matmul()
         elapsed = time.perf_counter() - start
-    return 2 * size**3 * iters / elapsed / 1e12
+    return flops * iters / elapsed / 1e12
+
+
+def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, seconds: float = 0.5) -> float:
+    """Achieved TFLOP/s of a square ``size``^3 matmul (the MFU denominator)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    return _achieved_tflops(lambda: a @ b, 2 * size**3, device, seconds)
+
+
+def fp8_matmul_ceiling(device: torch.device, size: int, seconds: float = 0.5) -> float:
+    """Achieved TFLOP/s of a square ``size``^3 e4m3 matmul with rowwise scales and a bf16 output, the
+    product ``FP8Linear`` runs: the second MFU denominator of an FP8 run (its matmuls could at best
+    go this fast; the bf16 ceiling understates how far an FP8 run is from its hardware limit)."""
+    from dflash_train.models.fp8 import quantize_rows, scaled_mm
+
+    qa, scale_a = quantize_rows(torch.randn(size, size, device=device, dtype=torch.bfloat16))
+    qw, scale_w = quantize_rows(torch.randn(size, size, device=device, dtype=torch.bfloat16))
+    scale_w = scale_w.reshape(1, -1).contiguous()
+    return _achieved_tflops(lambda: scaled_mm(qa, scale_a, qw, scale_w), 2 * size**3, device, seconds)
 
 
 def _dynamo_graphs() -> int:
@@ -330,22 +347,36 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
 
 @dataclass
 class Ceiling:
-    """The MFU denominator: a square matmul's achieved TFLOP/s, measured in this process."""
+    """The MFU denominators, measured in this process: a square matmul's achieved TFLOP/s, and for a
+    run with FP8 linears (``--target-fp8``/``--drafter-fp8``) the same product in FP8."""
 
     tflops: float
     size: int
     dtype: torch.dtype
+    fp8_tflops: float | None = None
 
     @classmethod
-    def measure(cls, device: torch.device, size: int | None, log) -> Ceiling:
+    def measure(cls, device: torch.device, size: int | None, log, fp8: bool = False) -> Ceiling:
+        from dflash_train.models.fp8 import native_fp8
+
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         size = size or (8192 if device.type == "cuda" else 1024)
         tflops = matmul_ceiling(device, size, dtype)
         log(f"matmul ceiling {tflops:.1f} TFLOP/s ({size}^3 {dtype})")
-        return cls(tflops, size, dtype)
+        fp8_tflops = fp8_matmul_ceiling(device, size) if fp8 and native_fp8(device) else None
+        if fp8_tflops is not None:
+            log(f"FP8 matmul ceiling {fp8_tflops:.1f} TFLOP/s ({size}^3 e4m3, rowwise scales)")
+        return cls(tflops, size, dtype, fp8_tflops)
 
     def describe(self) -> str:
         return f"{self.size}^3 {str(self.dtype).removeprefix('torch.')} matmul, measured"
+
+    def report(self, achieved_tflops: float) -> dict:
+        """The report's ceiling keys; the FP8 ones are null unless an FP8 ceiling was measured."""
+        fp8 = self.fp8_tflops
+        return {"matmul_ceiling_tflops": self.tflops, "matmul_ceiling": self.describe(),
+                "mfu": achieved_tflops / self.tflops, "matmul_ceiling_fp8_tflops": fp8,
+                "mfu_vs_fp8_ceiling": None if fp8 is None else achieved_tflops / fp8}
 
 
 @dataclass
@@ -384,7 +415,7 @@ class StepBench:
         dtype = getattr(torch, cfg.dtype)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        ceiling = Ceiling.measure(device, cfg.matmul_size, log)
+        ceiling = Ceiling.measure(device, cfg.matmul_size, log, fp8=cfg.target_fp8 or cfg.drafter_fp8)
         cache = "n/a"
         if cfg.compile:
             folder = compilation.use_persistent_cache()
@@ -496,8 +527,7 @@ class StepBench:
             "drafted_positions_per_step": drafted / cfg.steps, "drafted_positions_per_s": drafted / timed.seconds,
             "flops_per_context_token": self._flops().per_token,
             "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in self._flops().per_token_breakdown().items()},
-            "achieved_tflops": achieved, "matmul_ceiling_tflops": self.ceiling.tflops,
-            "matmul_ceiling": self.ceiling.describe(), "mfu": achieved / self.ceiling.tflops,
+            "achieved_tflops": achieved, **self.ceiling.report(achieved),
             "phase_seconds": phases, "profiled_step_s": sum(phases.values()) if phases and cfg.profile_steps else None,
             "phase_timing": ("none: the step is one CUDA graph (--cuda-graph-step)" if step.graph is not None else
                              f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
