@@ -179,3 +179,25 @@ def dry_capture(params, optimizer, extra=()):
         return ReplayedStep(fn, outputs, params), outputs
 
     return capture
+
+
+def fp8_drafter_grads(device: str, fp8: bool, compile: bool, hidden: int = 128) -> tuple[torch.Tensor, dict]:
+    """One forward and backward (autocast bf16) of a 2-layer drafter for a tiny target, through
+    the trainer's application point (``parallelize_drafter``: FP8 projections, then compile):
+    the output and every parameter's gradient. Emulated FP8 off CUDA."""
+    from dflash_train.models.target import Target
+    from dflash_train.train.parallelize import parallelize_drafter
+
+    torch._dynamo.reset()
+    target = Target(tiny_qwen3(num_layers=6, hidden=hidden).to(device))
+    drafter, cfg = tiny_drafter(target, num_layers=2)
+    drafter.to(device)
+    model = parallelize_drafter(drafter, False, compile, fp8=fp8, fp8_emulate=device == "cpu")
+    g = torch.Generator().manual_seed(0)
+    embeds = torch.randn(2, 64, hidden, generator=g).to(device)
+    feats = torch.randn(2, 96, hidden * len(cfg.target_layer_ids), generator=g).to(device)
+    qpos, cpos = torch.arange(96, 160).expand(2, -1).to(device), torch.arange(96).expand(2, -1).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = model(embeds, feats, qpos, cpos)
+    out.float().square().mean().backward()
+    return out.detach().float(), {n: p.grad for n, p in drafter.named_parameters()}

@@ -308,9 +308,9 @@ def _quantize_padded(x: torch.Tensor, cols: int, rows: int) -> tuple[torch.Tenso
 
 
 def fp8_mm_nt(a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
-    """``a`` [P, R] @ ``b`` [Q, R]^T -> [P, Q] bfloat16, both operands quantized to e4m3 per row
-    over R; ``_scaled_mm`` unless ``emulate`` (the float32 emulation, autocast off so its matmul
-    stays float32). Any strides in (the gradients pass transposed views)."""
+    """``a`` [P, R] @ ``b`` [Q, R]^T -> [P, Q] bfloat16 (contiguous), both operands quantized to
+    e4m3 per row over R; ``_scaled_mm`` unless ``emulate`` (the float32 emulation, autocast off so
+    its matmul stays float32). Any strides in (the gradients pass transposed views)."""
     (p, r), q = a.shape, b.shape[0]
     qa, scale_a = _quantize_padded(a, _padded(r), p)
     qb, scale_b = _quantize_padded(b, _padded(r), _padded(q))
@@ -320,29 +320,59 @@ def fp8_mm_nt(a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
             out = emulated_mm(qa, scale_a, qb, scale_b)
     else:
         out = scaled_mm(qa, scale_a, qb, scale_b)
-    return out[:, :q]
+    return out if out.shape[1] == q else out[:, :q].contiguous()
 
 
-class _FP8TrainingMatmul(torch.autograd.Function):
-    """``x`` [M, K] @ ``weight`` [N, K]^T with the three GEMMs in FP8 (see the section comment).
-    Saves ``x`` and ``weight`` in their own precision; the gradients come back in their dtypes
-    (float32 for float32 master weights: the bf16 GEMM output, widened)."""
+# The compiler sees the FP8 GEMMs as two opaque operators (``torch.library.custom_op``) with a
+# registered backward, never their insides. Traced by torch 2.11's Inductor on CUDA, the same code
+# as a ``torch.autograd.Function`` ran a correct forward and returned all-zero gradients for every
+# weight of a compiled drafter layer (H200, seen by tests/gpu/test_gpu_fp8.py; not on the CPU, not
+# eager). As operators, each GEMM (quantize both operands, ``_scaled_mm``) runs exactly as it does
+# eagerly, inside the compiled layer and inside a captured CUDA graph alike.
+@torch.library.custom_op("dflash_train::fp8_mm_nt", mutates_args=())
+def _fp8_mm_nt_op(a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
+    return fp8_mm_nt(a, b, emulate)
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, emulate: bool, out_dtype: torch.dtype):
-        ctx.save_for_backward(x, weight)
-        ctx.emulate = emulate
-        return fp8_mm_nt(x, weight, emulate).to(out_dtype)
 
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:  # gy [M, N] @ W [N, K]: b = W^T [K, N], per column of W
-            grad_x = fp8_mm_nt(grad_out, weight.t(), ctx.emulate).to(x.dtype)
-        if ctx.needs_input_grad[1]:  # gy^T [N, M] @ x [M, K]: b = x^T [K, M], per input channel
-            grad_w = fp8_mm_nt(grad_out.t(), x.t(), ctx.emulate).to(weight.dtype)
-        return grad_x, grad_w, None, None
+@_fp8_mm_nt_op.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, emulate: bool) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("dflash_train::fp8_linear_nt", mutates_args=())
+def _fp8_linear_op(x: torch.Tensor, weight: torch.Tensor, emulate: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x`` [M, K] @ ``weight`` [N, K]^T in FP8 -> [M, N] ``out_dtype``: the forward GEMM, whose
+    registered backward (below) runs the two gradient GEMMs in FP8 as well. The cast is inside, so
+    the backward receives the gradient in ``out_dtype`` (not rounded to bf16 first)."""
+    return fp8_mm_nt(x, weight, emulate).to(out_dtype)
+
+
+@_fp8_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, emulate: bool, out_dtype: torch.dtype) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=out_dtype)
+
+
+def _fp8_linear_setup(ctx, inputs, output) -> None:
+    """Saves ``x`` and ``weight`` in their own precision (the backward quantizes them again, along
+    the other dimension, as torchao does)."""
+    x, weight, emulate, _ = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.emulate = emulate
+
+
+def _fp8_linear_backward(ctx, grad_out: torch.Tensor):
+    """The gradients in their inputs' dtypes (float32 for float32 master weights: the bf16 GEMM
+    output, widened)."""
+    x, weight = ctx.saved_tensors
+    grad_x = grad_w = None
+    if ctx.needs_input_grad[0]:  # gy [M, N] @ W [N, K]: b = W^T [K, N], per column of W
+        grad_x = _fp8_mm_nt_op(grad_out, weight.t(), ctx.emulate).to(x.dtype)
+    if ctx.needs_input_grad[1]:  # gy^T [N, M] @ x [M, K]: b = x^T [K, M], per input channel
+        grad_w = _fp8_mm_nt_op(grad_out.t(), x.t(), ctx.emulate).to(weight.dtype)
+    return grad_x, grad_w, None, None
+
+
+_fp8_linear_op.register_autograd(_fp8_linear_backward, setup_context=_fp8_linear_setup)
 
 
 def fp8_training_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -357,7 +387,7 @@ def fp8_training_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         out_dtype = torch.get_autocast_dtype(device_type)
         x = x.to(out_dtype)
     rows = x.reshape(-1, x.shape[-1])
-    out = _FP8TrainingMatmul.apply(rows, weight, emulate, out_dtype)
+    out = _fp8_linear_op(rows, weight, emulate, out_dtype)
     if bias is not None:
         out = out + bias.to(out_dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
