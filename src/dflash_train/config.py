@@ -35,7 +35,9 @@ class TargetConfig:
     # The linear layers of the target's decoder layers (attention and MLP projections; never the
     # embedding, lm_head or MoE routers) as FP8 e4m3 matmuls with per-row scales (models/fp8.py):
     # weights quantized once at load (half their memory), activations per token at each call;
-    # features move by a few percent relative RMS. CUDA with compute capability 8.9+ only.
+    # features move by a few percent relative RMS. CUDA with compute capability 8.9+ only. Saves memory,
+    # not time yet: the reference bench on an H200 ran at 10,820 context tok/s against 12,860 in bf16
+    # (docs/results/README.md, "FP8 on an H200").
     fp8_linear: bool = False
 
     def validate(self) -> None:
@@ -178,7 +180,8 @@ class TrainConfig:
     # The drafter layers' attention and MLP projections compute forward AND backward in FP8 e4m3 with
     # rowwise scales (models/fp8.py, torchao's "rowwise" recipe); the master weights keep their dtype and
     # are re-quantized every call. Not fc, the embedding, lm_head or DFlash2's small projections.
-    # Experimental: keep it only where the loss curve and held-out tau match a run without it.
+    # Experimental: keep it only where the loss curve and held-out tau match a run without it; slower
+    # than bf16 so far (reference bench, H200: 9,639 context tok/s against 12,860; docs/results/README.md).
     # CUDA with compute capability 8.9+ only; not with fsdp_drafter.
     fp8_drafter: bool = False
 
