@@ -56,19 +56,41 @@ def test_tiny_moe_routes_tokens_to_different_experts():
 
 
 def test_bench_flop_model_counts_the_active_experts():
-    """``bench/flops.py`` counts ``3*H*I`` MLP weights per token and layer with ``I`` the target's
-    ``intermediate_size``. For Qwen3-MoE shapes where ``top_k * moe_intermediate_size`` equals it
-    (Qwen3-30B-A3B: 8 x 768 = 6144; ``tiny_qwen3_moe``) that is exactly the active experts'
-    weights: the router (``H * num_experts``) is the only matmul left uncounted."""
+    """``bench/flops.py`` counts, per token and layer, the weights a token is multiplied by: in a
+    MoE layer its top-k experts and the router, never the other experts. Counted here from the
+    model's own parameters."""
     from dflash_train.bench.flops import Shape
 
-    model = tiny_qwen3_moe()
+    model = tiny_qwen3_moe(num_experts=8, experts_per_token=2)
     cfg, layer = model.config, model.model.layers[0]
     attention = sum(p.numel() for n, p in layer.self_attn.named_parameters() if n.endswith("proj.weight"))
     experts = layer.mlp.experts
     active_experts = cfg.num_experts_per_tok * (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel())
-    assert Shape.of(Target(model).facts).params_per_layer == attention + active_experts
-    assert layer.mlp.gate.weight.numel() == cfg.hidden_size * cfg.num_experts  # the uncounted router
+    router = layer.mlp.gate.weight.numel()
+    assert router == cfg.hidden_size * cfg.num_experts
+    assert Shape.of(Target(model).facts).params_per_layer == attention + active_experts + router
+
+
+@pytest.mark.parametrize("family, expected", [
+    ("mixtral", (2 * 14336, 8)),  # intermediate_size is the expert's width; top-2 of 8
+    ("qwen2_moe", (4 * 1408 + 5632, 60)),  # top-4 experts of 1408 and a shared expert of 5632
+    ("qwen3_moe", (8 * 768, 128)),  # Qwen3-30B-A3B
+    ("qwen3", (None, 0)),  # dense: the FLOP model uses intermediate_size
+])
+def test_moe_widths_of_each_family(family, expected):
+    """The per-token MLP width and router width read from each MoE family's config names (the
+    defaults of transformers' config classes are those families' released models)."""
+    from transformers import AutoConfig
+
+    from dflash_train.models.target import target_facts
+
+    if family == "qwen3_moe":
+        cfg = AutoConfig.for_model(family, hidden_size=2048, num_experts=128, num_experts_per_tok=8,
+                                   moe_intermediate_size=768, intermediate_size=6144)
+    else:
+        cfg = AutoConfig.for_model(family)
+    facts = target_facts(cfg)
+    assert (facts.active_mlp_width, facts.router_experts) == expected
 
 
 def test_moe_features_are_the_layer_outputs():

@@ -78,19 +78,23 @@ class Shape:
     heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int
+    intermediate: int  # the MLP width a token passes through (a MoE layer: its top-k experts + shared)
     vocab: int
+    router_experts: int = 0  # a MoE layer's router: hidden x experts weights
 
     @property
     def params_per_layer(self) -> int:
+        """The weights one token multiplies by in one layer (a MoE layer: only its experts')."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate + h * self.router_experts
 
     @classmethod
     def of(cls, facts) -> Shape:
-        """From a ``TargetFacts`` or a resolved ``DrafterConfig``."""
+        """From a ``TargetFacts`` (a MoE target: its active width and router) or a resolved
+        ``DrafterConfig`` (always dense)."""
+        width = getattr(facts, "active_mlp_width", None) or facts.intermediate_size
         return cls(facts.hidden_size, facts.num_attention_heads, facts.num_key_value_heads, facts.head_dim,
-                   facts.intermediate_size, facts.vocab_size)
+                   width, facts.vocab_size, getattr(facts, "router_experts", 0))
 
 
 # term -> training multiplier (forward + backward, over the forward FLOPs)

@@ -198,6 +198,11 @@ class TargetFacts:
     vocab_size: int
     tie_word_embeddings: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    # Mixture-of-experts targets (the FLOP model only): the MLP width one token passes through (its
+    # top-k experts plus any shared expert) and the router's width (the number of experts). None / 0
+    # for a dense target, whose MLP width is ``intermediate_size``.
+    active_mlp_width: int | None = None
+    router_experts: int = 0
 
 
 def resolve_drafter_config(cfg: DrafterConfig, target: TargetFacts, mask_token_id: int | None) -> DrafterConfig:

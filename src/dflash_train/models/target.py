@@ -51,7 +51,23 @@ def target_facts(hf_config) -> TargetFacts:
         max_position_embeddings=getattr(cfg, "max_position_embeddings", 32768),
         vocab_size=cfg.vocab_size,
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **moe_widths(cfg),
     )
+
+
+def moe_widths(cfg) -> dict:
+    """A mixture-of-experts config's per-token MLP width and router width (``TargetFacts``), or
+    nothing for a dense one. The names differ by family: Qwen2/3-MoE give the expert width as
+    ``moe_intermediate_size`` (their ``intermediate_size`` is a dense layer's, unused when every layer
+    is sparse) and Qwen2-MoE adds a shared expert; Mixtral's ``intermediate_size`` IS the expert's
+    width (top-2 of 8: a token passes through twice that width, not once)."""
+    top_k = getattr(cfg, "num_experts_per_tok", None)
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if not top_k or not experts:
+        return {}
+    expert = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    shared = getattr(cfg, "shared_expert_intermediate_size", None) or 0
+    return {"active_mlp_width": top_k * expert + shared, "router_experts": experts}
 
 
 def choose_mask_token_id(tokenizer, vocab_size: int) -> tuple[int, str]:

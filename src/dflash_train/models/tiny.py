@@ -31,8 +31,8 @@ def tiny_qwen3_moe(num_layers: int = 6, hidden: int = 64, vocab: int = 128, tie:
     gets would hang on rounding; ``router_std`` spreads them as a trained router does, so
     the chosen experts are stable and differ from token to token (each expert sees work).
     As in Qwen3-30B-A3B (8 x 768 = 6144), the active experts' width equals the dense
-    ``intermediate_size`` (``experts_per_token * moe_intermediate_size``), which is the width
-    the bench's FLOP model (``bench/flops.py``) counts per layer.
+    ``intermediate_size`` (``experts_per_token * moe_intermediate_size``); the bench's FLOP model
+    counts the active width from the MoE fields (``models/target.moe_widths``) either way.
     """
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
