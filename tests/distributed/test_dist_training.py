@@ -227,7 +227,9 @@ def test_watchdog_names_the_hung_rank_and_prints_every_rank_stack(tmp_path, targ
     for rank in (0, 1):  # the hung rank and the peer waiting for it both say where they are
         assert f"watchdog: rank {rank} " in text, text[-3000:]
     assert "made no progress" in text and "last phase: after step 3" in text
-    assert "in hang_forever" in text  # the hung rank's stack, down to the sleeping frame
+    # the hung rank's stack, down to the sleeping frame, on a whole line of its own (both ranks dump
+    # into the one stderr at about the same moment; the prefix keeps them apart)
+    assert re.search(rf"^\[rank {hung}\] .* in hang_forever$", text, re.MULTILINE), text[-3000:]
 
 
 def test_disaggregated_packed_rows_match_one_process(tmp_path):

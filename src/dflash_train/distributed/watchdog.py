@@ -6,7 +6,7 @@ peer that will never come, until the collective timeout (30 minutes by default) 
 thread that expects a heartbeat (``beat``) from the code that makes progress: start-up
 phases, every training step, every feature batch a target rank serves. When none arrives in
 time it prints one line naming the rank, its role and the last phase it reached, then the
-Python stack of every thread of that rank (``faulthandler``), and ends the rank with exit
+Python stack of every thread of that rank (``faulthandler``, each line prefixed ``[rank N]``), and ends the rank with exit
 code 70 so that torchrun tears the job down. Ranks that hang together (one waits for the
 other) each print their own stacks: the thread waits a few seconds before exiting.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -94,10 +95,28 @@ class Watchdog:
         print(f"dflash-train watchdog: rank {self.rank} ({self.role}) made no progress for {idle:.0f} s "
               f"(limit {self.limit:.0f} s); last phase: {self.phase}. Stacks of rank {self.rank}:",
               file=self.stream, flush=True)
-        faulthandler.dump_traceback(file=self.stream, all_threads=True)
-        self.stream.flush()
+        self.dump_stacks()
         time.sleep(GRACE_S)
         os._exit(EXIT_CODE)
+
+    def dump_stacks(self) -> None:
+        """Every thread's stack, each line prefixed with this rank and written whole. Ranks that
+        hang together fire within the same second into the one stderr torchrun collects, and
+        faulthandler writes a frame line in several pieces, so two ranks' stacks interleaved
+        mid-line (``File ...`` of one rank, `` in <function>`` of the other). Each line here is one
+        write of less than a pipe's atomic size (PIPE_BUF, 4096 bytes), and says whose it is."""
+        try:
+            with tempfile.TemporaryFile() as dump:  # faulthandler needs a real file descriptor
+                faulthandler.dump_traceback(file=dump, all_threads=True)
+                dump.seek(0)
+                text = dump.read().decode("utf-8", "replace")
+        except OSError:  # no temporary file (a full disk): the stacks unprefixed rather than none
+            faulthandler.dump_traceback(file=self.stream, all_threads=True)
+            self.stream.flush()
+            return
+        for line in text.splitlines():
+            self.stream.write(f"[rank {self.rank}] {line}\n")
+            self.stream.flush()
 
 
 _current: Watchdog | None = None
