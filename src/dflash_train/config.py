@@ -27,6 +27,14 @@ from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.blocks import check_loss_positions
 
 
+def _refuse_fp8_on_cpu(key: str, device: str) -> None:
+    """An FP8 key with ``train.device=cpu``: the CPU has no FP8 tensor cores (``auto`` resolving
+    to the CPU is refused later, where the model is placed)."""
+    if device == "cpu":
+        raise ValueError(f"{key} needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+); "
+                         f"train.device=cpu has none: set {key}=false")
+
+
 @dataclass
 class TargetConfig:
     path: str = ""  # the target: a Hugging Face model folder or a .gguf file (required)
@@ -60,9 +68,7 @@ class TargetConfig:
         seed the drafter (``drafter_init=target`` copies parameters) and FSDP2 would not shard them."""
         if not self.fp8_linear:
             return
-        if train.device == "cpu":
-            raise ValueError("target.fp8_linear needs a CUDA GPU with FP8 tensor cores (compute capability "
-                             "8.9+); train.device=cpu has none: set target.fp8_linear=false")
+        _refuse_fp8_on_cpu("target.fp8_linear", train.device)
         if train.drafter_init == "target":
             raise ValueError("target.fp8_linear and train.drafter_init=target: the drafter would start from "
                              "FP8-rounded copies that are not parameters; use one or the other")
@@ -256,9 +262,7 @@ class TrainConfig:
         gather and quantize per rank, a combination nothing here has checked."""
         if not self.fp8_drafter:
             return
-        if self.device == "cpu":
-            raise ValueError("train.fp8_drafter needs a CUDA GPU with FP8 tensor cores (compute capability "
-                             "8.9+); train.device=cpu has none: set train.fp8_drafter=false")
+        _refuse_fp8_on_cpu("train.fp8_drafter", self.device)
         if self.fsdp_drafter:
             raise ValueError("train.fp8_drafter and train.fsdp_drafter: FP8 drafter layers are checked with "
                              "one process and DDP only; use one or the other")

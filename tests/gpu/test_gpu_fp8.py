@@ -244,8 +244,8 @@ def _train_fp8_job(job, tmp_path, name):
 
 @needs_fp8
 def test_fp8_drafter_compiled_cuda_graph_step_equals_eager_and_tracks_bf16(tmp_path):
-    """``train.fp8_drafter`` through the trainer: compiled drafter layers (dynamo traces the FP8
-    autograd function, ``_scaled_mm`` in forward and backward), the whole step replayed as one CUDA
+    """``train.fp8_drafter`` through the trainer: compiled drafter layers (the FP8 custom
+    operators inside them, ``_scaled_mm`` in forward and backward), the whole step replayed as one CUDA
     graph after two eager steps; its losses equal the eager FP8 step's, fall, and stay close to the
     bf16 run's (the same job without FP8)."""
     out = {}
