@@ -144,3 +144,22 @@ def test_selector_walk_against_slow_loop(target, temperature):
     else:
         assert q is None
     assert cands.shape == (1, B - 1, 5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_selector_walk_of_a_batch_of_long_blocks_against_slow_loop(target, seed):
+    """Batched rows and 15 slots (B = 16): every row's greedy path from the precomputed transition
+    scores equals its own slow walk (a walk that picked a candidate from the wrong predecessor
+    row, or mixed rows of the batch, would leave it after a few slots)."""
+    drafter, _ = _dflash2(target)
+    sel = drafter.candidate_selector
+    with torch.no_grad():
+        sel.successor_codebook.normal_(std=1.0)
+    g = torch.Generator().manual_seed(10 + seed)
+    hidden, logits = torch.randn(3, 15, 64, generator=g), torch.randn(3, 15, 128, generator=g)
+    anchors = torch.tensor([7, 0, 99])
+    with torch.no_grad():
+        path = selector_walk(sel, hidden, logits, anchors)[0]
+        refs = [_slow_walk(sel, hidden[i], logits[i], int(anchors[i]), 0.0, 0)[0] for i in range(3)]
+    assert path.tolist() == refs
+    assert path.tolist() != logits.argmax(-1).tolist()  # the pairwise term changed some pick

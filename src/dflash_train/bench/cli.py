@@ -59,6 +59,10 @@ def register(sub) -> None:
                         "(train.cuda_graph_step; one process; needs --warmup >= 2 for a timed loop of replays)")
     p.add_argument("--optim", choices=["adamw", "muon"], default="adamw",
                    help="the optimizer of the timed step (optim.name; muon: train/muon.py)")
+    p.add_argument("--drafter-kind", choices=["dflash", "dflash2"], default="dflash",
+                   help="drafter.kind: dflash2 adds the dynamic convolutions and the selector's loss to the step")
+    p.add_argument("--objective", choices=["ce", "dpace"], default="ce",
+                   help="train.objective: the decayed CE or D-PACE's confidence weights")
     p.add_argument("--target-fp8", action="store_true",
                    help="the target's decoder-layer linears as FP8 matmuls with rowwise scales (target.fp8_linear; "
                         "CUDA 8.9+, an emulation on the CPU); recorded as config.target_fp8")
@@ -80,7 +84,7 @@ def run_cli(args) -> int:
         attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
         cuda_graph_step=args.cuda_graph_step, optim=args.optim, target_fp8=args.target_fp8,
-        drafter_fp8=args.drafter_fp8,
+        drafter_fp8=args.drafter_fp8, drafter_kind=args.drafter_kind, objective=args.objective,
     )
     result = run_bench(cfg)
     if result["rank"] != 0:  # under torchrun only rank 0 reports

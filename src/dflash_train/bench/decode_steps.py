@@ -14,7 +14,8 @@ and, on CUDA, the kernels of one uncompiled and one compiled call of each step
 after every variant, so a timeout keeps what was measured.
 
 Without ``--drafter`` the drafter is randomly initialised in the recipe's shape (4
-layers, block 16, default feature layers): a step's cost does not depend on its weights.
+layers, block 16, default feature layers; ``--drafter-kind dflash2`` for DFlash2): a step's cost
+does not depend on its weights.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--block-size", type=at_least(2), default=16, help="drafter block size (>= 2)")
     ap.add_argument("--drafter-layers", type=positive_int, default=4,
                     help="layers of the random drafter (without --drafter)")
+    ap.add_argument("--drafter-kind", choices=("dflash", "dflash2"), default="dflash",
+                    help="kind of the random drafter (without --drafter): dflash2 adds the convolutions and the "
+                         "selector's walk to the draft step")
     ap.add_argument("--time-budget-s", type=positive_float, default=None,
                     help="start no new variant after this many seconds (the rest report 'skipped')")
 
@@ -104,7 +108,8 @@ def load_pair(args):
     from dflash_train.models.config import DrafterConfig, resolve_drafter_config
     from dflash_train.models.drafter import DFlashDrafter
 
-    cfg = resolve_drafter_config(DrafterConfig(num_hidden_layers=args.drafter_layers, block_size=args.block_size),
+    cfg = resolve_drafter_config(DrafterConfig(num_hidden_layers=args.drafter_layers, block_size=args.block_size,
+                                               kind=args.drafter_kind),
                                  target.facts, mask_token_id=target.facts.vocab_size - 1)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).to(device=target.device, dtype=dtype)
@@ -231,7 +236,7 @@ def run(args: argparse.Namespace) -> dict:
     names = names or (list(VARIANTS) if device.type == "cuda" else CPU_VARIANTS)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.facts.vocab_size - 1, (1, args.prompt_len), generator=gen).to(device)
-    report = {"target": args.target, "drafter": args.drafter or f"random, {args.drafter_layers} layers",
+    report = {"target": args.target, "drafter": args.drafter or f"random {args.drafter_kind}, {args.drafter_layers} layers",
               "dtype": args.dtype, "device": str(device), "block_size": args.block_size,
               "prompt_len": args.prompt_len, "replays": args.replays, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "variants": {}}

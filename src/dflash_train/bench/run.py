@@ -113,6 +113,8 @@ class BenchConfig:
     # the drafter layers' projections with FP8 forward and backward GEMMs (train.fp8_drafter); on the CPU
     # the float32 emulation (plumbing only, as target_fp8)
     drafter_fp8: bool = False
+    drafter_kind: str = "dflash"  # drafter.kind: dflash or dflash2 (convolutions + the selector's loss)
+    objective: str = "ce"  # train.objective: ce or dpace
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -139,6 +141,10 @@ class BenchConfig:
                 raise ValueError(f"bench: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or self.profile_steps < 0:
             raise ValueError("bench: --warmup and --profile-steps must be >= 0")
+        if self.drafter_kind not in ("dflash", "dflash2"):
+            raise ValueError(f"bench: --drafter-kind must be dflash or dflash2, got {self.drafter_kind!r}")
+        if self.objective not in ("ce", "dpace"):
+            raise ValueError(f"bench: --objective must be ce or dpace, got {self.objective!r}")
         if self.attention not in ("flex", "sdpa"):
             raise ValueError(f"bench: --attention must be flex/sdpa/auto, got {self.attention!r}")
         if self.attention == "flex" and not self.device.startswith("cuda"):
@@ -199,7 +205,7 @@ def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_p
     mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
     dcfg = resolve_drafter_config(
         DrafterConfig(num_hidden_layers=cfg.drafter_layers, block_size=cfg.block_size,
-                      target_layer_ids=cfg.target_layer_ids),
+                      target_layer_ids=cfg.target_layer_ids, kind=cfg.drafter_kind),
         target.facts, mask_id,
     )
     target.validate_layer_ids(dcfg.target_layer_ids)
@@ -434,7 +440,7 @@ class StepBench:
         optim = OptimConfig(name=cfg.optim)
         optim.validate()
         spec = StepSpec(cfg.block_size, dcfg.mask_token_id, cfg.num_anchors, cfg.seed, attention=cfg.attention,
-                        loss_chunk_size=cfg.loss_chunk_size, compiled=bool(cfg.compile))
+                        loss_chunk_size=cfg.loss_chunk_size, compiled=bool(cfg.compile), objective_name=cfg.objective)
         total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
         ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
         step = build_train_step(spec, model, drafter, target, optim, total_steps, device, dtype, ranks)
