@@ -294,8 +294,11 @@ def selector_transitions(selector: CandidateSelector, hidden, logits, anchor_ids
     Slot j's predecessor is one of slot j - 1's k candidates (slot 0's is the anchor), so the
     walk only ever reads ``T[:, j, a, c]`` = S(candidate a of slot j - 1 -> candidate c of slot j):
     k x k scores per slot, [b, P, k, k] in all (15 x 16 x 16 for B = 16). Computing them up front
-    leaves the walk itself a chain of tiny index lookups, which is what made DFlash2's draft step
-    cost ~0.5 ms more than DFlash's on an H200 when each slot ran its own gathers and products.
+    leaves the walk itself a chain of tiny index lookups instead of each slot's own gathers and
+    products: the recipe-shaped draft step replayed in its CUDA graph on an H200 went from 0.764 to
+    0.691 ms (DFlash's: 0.535; docs/results/dflash2-h200/draft-step). The product is a matmul over
+    the rank rather than ``CandidateSelector.scores``' broadcast sum, which for all k predecessors
+    would materialize [b, P, k, k, r]: the same S up to rounding (tests: the slow-loop walks).
     Slot 0's k rows are all the anchor's. Returns ``(T float32, candidates [b, P, k])``."""
     unary, candidates = torch.topk(logits.float(), selector.top_k, dim=-1)
     projected = selector.hidden_projection(hidden)  # [b, P, r]
@@ -331,10 +334,9 @@ def selector_walk(selector: CandidateSelector, hidden, logits, anchor_ids, tempe
         q_out = torch.stack(q_rows, dim=1)
     else:
         best_next = scores.argmax(dim=-1)  # [b, P, k]: the best candidate after each possible predecessor
-        index, picks = best_next[:, 0, 0], [best_next[:, 0, 0]]
+        picks = [best_next[:, 0, 0]]
         for slot in range(1, slots):
-            index = best_next[:, slot].gather(-1, index[:, None])[:, 0]
-            picks.append(index)
+            picks.append(best_next[:, slot].gather(-1, picks[-1][:, None])[:, 0])
         q_out = None
     path = candidates.gather(-1, torch.stack(picks, dim=1).unsqueeze(-1))[..., 0]
     return path, candidates, q_out

@@ -6,7 +6,7 @@
 # (dflash, CE weighted by reach) per prompt, on 1-24, 25-40 and 1-40. Steps per arm (from each summary.json)
 # give the step-time cost of the convolutions and the selector.
 #
-# Usage (from the repository root, after `make venv`; ~9 minutes for the four arms; rerun to finish the arms
+# Usage (from the repository root, after `make venv`; ~10 minutes for the four arms on one H200; rerun to finish the arms
 # not yet replayed, e.g. after a time limit):
 #   STAGES=data bash src/dflash_train/recipes/smollm2/reproduce.sh   # the answer sets, once
 #   bash src/dflash_train/recipes/smollm2/kinds.sh                   # ARMS="dflash2 dflash ..." for a subset
