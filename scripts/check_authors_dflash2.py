@@ -19,9 +19,8 @@ selector are far from their identity start, it checks:
 The numbers are written as JSON (``--out``) and printed.
 
 The committed ``check_authors_dflash2.json`` came from the authors' ``dflash/model.py`` at commit
-07ebd93db9f472af339b644bb70221ad8428328a (the z-lab/dflash snapshot available here, newest 44947fb,
-holds neither ``DFlash2DraftModel`` nor commit 10129599; the file was taken from a verbatim copy of
-07ebd93 and placed outside this repository).
+10129599dffb338ff38cfd235a53ca6d3667b4dd (25,395 characters, fetched as stored public text, placed
+outside this repository and imported from that path at run time), with the default ``--train-steps``.
 """
 
 from __future__ import annotations

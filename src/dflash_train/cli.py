@@ -29,6 +29,7 @@ COMMANDS = [
     "dflash_train.bench.cli",
     "dflash_train.bench.decode_steps",
     "dflash_train.bench.generate",
+    "dflash_train.bench.fp8_features",
     "dflash_train.distributed.cli",
     "dflash_train.config_cli",
     "dflash_train.assets",
@@ -51,7 +52,7 @@ GROUPS = [
     ("4. evaluate", ["eval", "replay"], None),
     ("5. serve", [], "the exported folder's README.md gives the vLLM and SGLang command lines, "
                      "with its block size filled in"),
-    ("benchmarks", ["bench", "bench-decode", "bench-generate"], None),
+    ("benchmarks", ["bench", "bench-decode", "bench-generate", "bench-fp8-features"], None),
     ("analysis", ["curve", "compare", "scaling"], None),
 ]
 
