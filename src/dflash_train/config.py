@@ -47,14 +47,20 @@ class TargetConfig:
     # not time yet: the reference bench on an H200 ran at 10,820 context tok/s against 12,860 in bf16
     # (docs/results/README.md, "FP8 on an H200").
     fp8_linear: bool = False
+    # CUDA only: torch.compile each decoder layer of the frozen target (train/parallelize.py,
+    # apply_target_compile): norms, rotary, activations and residual adds fuse around the matmuls, and
+    # with fp8_linear the activation quantization fuses into them. One more graph to compile at the first
+    # step (one for all layers).
+    compile: bool = False
 
     def validate(self) -> None:
         if not self.path:
             raise ValueError("target.path is required (a HF model folder or a .gguf file)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"target.dtype must be auto/float32/bfloat16/float16, got {self.dtype!r}")
-        if not isinstance(self.fp8_linear, bool):
-            raise ValueError(f"target.fp8_linear must be true or false, got {self.fp8_linear!r}")
+        for key in ("fp8_linear", "compile"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"target.{key} must be true or false, got {getattr(self, key)!r}")
         if self.fp8_linear and self.dtype not in ("auto", "bfloat16"):
             raise ValueError(f"target.fp8_linear needs target.dtype auto or bfloat16, got {self.dtype}: the "
                              "rowwise FP8 matmul returns bfloat16, so a float32/float16 target would only be "

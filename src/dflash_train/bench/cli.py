@@ -66,6 +66,9 @@ def register(sub) -> None:
     p.add_argument("--target-fp8", action="store_true",
                    help="the target's decoder-layer linears as FP8 matmuls with rowwise scales (target.fp8_linear; "
                         "CUDA 8.9+, an emulation on the CPU); recorded as config.target_fp8")
+    p.add_argument("--compile-target", action="store_true",
+                   help="torch.compile the target's decoder layers (target.compile): its norms, rotary, "
+                        "activations (and FP8 quantization) fused; recorded as config.compile_target")
     p.add_argument("--drafter-fp8", action="store_true",
                    help="the drafter layers' attention and MLP projections with FP8 forward and backward GEMMs "
                         "(train.fp8_drafter; CUDA 8.9+, an emulation on the CPU); recorded as config.drafter_fp8")
@@ -84,7 +87,7 @@ def run_cli(args) -> int:
         attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
         cuda_graph_step=args.cuda_graph_step, optim=args.optim, target_fp8=args.target_fp8,
-        drafter_fp8=args.drafter_fp8, drafter_kind=args.drafter_kind, objective=args.objective,
+        drafter_fp8=args.drafter_fp8, compile_target=args.compile_target, drafter_kind=args.drafter_kind, objective=args.objective,
     )
     result = run_bench(cfg)
     if result["rank"] != 0:  # under torchrun only rank 0 reports

@@ -63,7 +63,7 @@ from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.train import compilation
-from dflash_train.train.parallelize import DataParallel, parallelize_drafter
+from dflash_train.train.parallelize import DataParallel, apply_target_compile, parallelize_drafter
 from dflash_train.train.step import StepSpec, TrainStep, build_train_step
 from dflash_train.train.trainer import RankInfo
 
@@ -113,6 +113,7 @@ class BenchConfig:
     # the drafter layers' projections with FP8 forward and backward GEMMs (train.fp8_drafter); on the CPU
     # the float32 emulation (plumbing only, as target_fp8)
     drafter_fp8: bool = False
+    compile_target: bool = False  # torch.compile the target's decoder layers (target.compile; CUDA and CPU here)
     drafter_kind: str = "dflash"  # drafter.kind: dflash or dflash2 (convolutions + the selector's loss)
     objective: str = "ce"  # train.objective: ce or dpace
 
@@ -431,6 +432,9 @@ class StepBench:
         target = build_target(cfg.target_config, device, dtype)
         if cfg.target_fp8:
             _target_fp8(target, device, log)
+        if cfg.compile_target:
+            apply_target_compile(target)
+            log("target: decoder layers compiled (target.compile)")
         # the colocated trainer's data parallelism: one gradient all-reduce per step
         parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
         drafter, model, dcfg = build_drafter(target, cfg, device, parallel, log)

@@ -25,7 +25,7 @@ from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, 
 from dflash_train.distributed.groups import Groups, build_groups
 from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import tokenize_before_target, train
-from dflash_train.train.parallelize import DataParallel, parallelize_target
+from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_target
 from dflash_train.train.timings import Timings
 
 
@@ -126,6 +126,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     _data_cache_first_on_rank0(cfg.data, cfg.drafter.block_size, loaded, env)
     if not topo.is_drafter(env.rank):
         echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
+        compile_target_if(loaded, cfg.target, device)
         server = TargetServer(loaded, topo, env.rank, device, env.comm_device, drafter=cfg.drafter, data=cfg.data,
                               train=cfg.train, echo=echo)
         totals = server.serve()

@@ -208,9 +208,16 @@ class FP8Linear(nn.Module):
         return weight[: self.out_features, : self.in_features]
 
     def _quantize(self, x: torch.Tensor):
-        if self.compile_quantizer and x.is_cuda:
+        if self.compile_quantizer and x.is_cuda and not torch.compiler.is_compiling():
             return _compiled_quantizer(x)
-        return quantize_rows(x)
+        return quantize_rows(x)  # inside a compiled layer (target.compile) Inductor fuses it there
+
+    def _native(self, x: torch.Tensor) -> bool:
+        if self.emulate:
+            return False
+        if torch.compiler.is_compiling():  # convert_linears checked the device: traced, no cached lookup
+            return x.is_cuda
+        return native_fp8(x.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -220,10 +227,10 @@ class FP8Linear(nn.Module):
             rows = F.pad(rows, (0, pad))
         qa, scale_a = self._quantize(rows)
         qa, scale_a = qa.contiguous(), scale_a.contiguous()  # no-ops, unless a transposed input kept its strides
-        if self.emulate or not native_fp8(x.device):
-            out = emulated_mm(qa, scale_a, self.weight_fp8, self.weight_scale, x.dtype)
-        else:
+        if self._native(x):
             out = scaled_mm(qa, scale_a, self.weight_fp8, self.weight_scale).to(x.dtype)
+        else:
+            out = emulated_mm(qa, scale_a, self.weight_fp8, self.weight_scale, x.dtype)
         out = out[:, : self.out_features]
         if self.bias is not None:
             out = out + self.bias

@@ -52,6 +52,31 @@ def apply_compile(drafter: nn.Module, mode: str = "default") -> None:
         layer.compile(dynamic=False, mode=None if mode == "default" else mode)
 
 
+def compile_target_if(target, cfg, device: torch.device) -> bool:
+    """Apply ``target.compile`` (``cfg``: the ``TargetConfig``) where it runs: on CUDA, as ``train.compile``.
+    Returns whether the target's layers are compiled."""
+    if cfg.compile and device.type == "cuda":
+        apply_target_compile(target)
+    return bool(getattr(target, "layers_compiled", False))
+
+
+def apply_target_compile(target) -> None:
+    """``target.compile``: compile each of the frozen target's decoder layers (``dynamic=False``).
+
+    Half of a large target's forward runs outside its matmuls (norms, rotary, activations, residual
+    adds, each a pass over memory); compiled, Inductor fuses them around the matmuls and attention, and
+    an FP8 target's activation quantization (``models/fp8.FP8Linear``) joins the norm before it. The
+    layer's ``forward`` is compiled, not the module's call: the feature hooks (``Target._capture``) are
+    registered and removed at every forward and stay outside the graph, so they cannot invalidate it.
+    All layers share code and shapes: one graph for all of them (a second one for packed rows, whose
+    attention mask is a tensor), compiled at the first forward; the parameter names do not change."""
+    if getattr(target, "layers_compiled", False):  # the launcher compiled it before the trainer got it
+        return
+    for layer in target.layers:
+        layer.forward = torch.compile(layer.forward, dynamic=False)
+    target.layers_compiled = True
+
+
 def step_begin(compile_mode: str):
     """What a training step must call first, or None: a new CUDA-graph generation under reduce-overhead."""
     return torch.compiler.cudagraph_mark_step_begin if compile_mode == "reduce-overhead" else None

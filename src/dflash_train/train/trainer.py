@@ -25,7 +25,7 @@ from dflash_train.train.checkpoint import CheckpointManager
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
 from dflash_train.train.metrics import WRITE_TODO, MetricLogger, MetricWindow
 from dflash_train.train.optim import skips_on_device
-from dflash_train.train.parallelize import DataParallel, parallelize_drafter
+from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_drafter
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import StepResult, StepSpec, build_train_step
 from dflash_train.train.timings import TimedLogger, Timings
@@ -103,6 +103,7 @@ class Trainer:
         self.run_dir = Path(cfg.train.run_dir)
         self.target = target or Target.load(cfg.target.path, self.dtype, self.device, cfg.target.gguf_file,
                                             fp8_linear=cfg.target.fp8_linear)
+        compile_target_if(self.target, cfg.target, self.device)
         self.drafter_cfg = self._resolve_drafter()
         torch.manual_seed(cfg.train.seed)
         self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
