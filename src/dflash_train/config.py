@@ -144,9 +144,9 @@ class TrainConfig:
     # "ce" (the decayed CE above) or "dpace" (D-PACE's confidence weights replace the decay; objective/loss._dpace)
     objective: str = "ce"
     dpace_alpha: float = 0.5  # D-PACE's floor on each position's acceptance factor, in [0, 1]
-    # DFlash2: where the label is not among the top-k candidates, "exclude" the row from the selector CE or
-    # "inject" the label as a candidate (objective/loss.selector_ce says why exclude is the default)
-    selector_out_of_topk: str = "exclude"
+    # DFlash2: where the label is not among the top-k candidates, "inject" the label as a candidate or
+    # "exclude" the row from the selector CE (objective/loss.selector_ce: inject measured better on an H200)
+    selector_out_of_topk: str = "inject"
     device: str = "auto"  # auto (cuda if available, else cpu), cpu, cuda or cuda:N
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)

@@ -35,7 +35,7 @@ class ObjectiveOptions:
     objective: str = "ce"
     dpace_alpha: float = 0.5
     # DFlash2's selector CE where the label is not among the top-k (train.selector_out_of_topk)
-    selector_out_of_topk: str = "exclude"
+    selector_out_of_topk: str = "inject"
 
     def __post_init__(self):
         check_loss_positions(self.loss_positions, self.block_size)

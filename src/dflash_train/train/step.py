@@ -76,7 +76,7 @@ class StepSpec:
     compile_mode: str = "default"  # the layers' inductor mode (reduce-overhead: a graph generation per step)
     objective_name: str = "ce"  # ce (decayed CE) or dpace (D-PACE weights): objective/loss.py
     dpace_alpha: float = 0.5
-    selector_out_of_topk: str = "exclude"  # DFlash2's selector CE where the label is not a candidate
+    selector_out_of_topk: str = "inject"  # DFlash2's selector CE where the label is not a candidate
 
     @classmethod
     def from_train(cls, train: TrainConfig, block_size: int, mask_token_id: int, compiled: bool) -> StepSpec:

@@ -12,8 +12,9 @@
 #   bash src/dflash_train/recipes/smollm2/kinds.sh                   # ARMS="dflash2 dflash ..." for a subset
 #   OUT=runs/smollm2/kinds DATA=runs/smollm2/data TARGET=assets/smollm2 ABL_MIN=1.1 DFT=dflash-train
 #   EXTRA="k=v ..." more training overrides for every arm (a CPU dry run: EXTRA="train.device=cpu ...")
-# Arms: dflash (the recipe), dflash-dpace, dflash2, dflash2-dpace, dflash2-inject (the selector's loss with the
-# label injected among the candidates instead of excluding the row), dflash2-seed1 (dflash2 again from another
+# Arms: dflash (the recipe), dflash-dpace, dflash2, dflash2-dpace (both with the selector's loss excluding rows whose
+# label is not among the candidates, as first measured), dflash2-inject and dflash2-dpace-inject (the label injected
+# among the candidates: the default since it measured better), dflash2-seed1 (dflash2 again from another
 # seed: how far two trainings of one arm differ), dflash-fp8target (the recipe on an FP8 target's features,
 # target.fp8_linear, replayed with the float32 target like every arm).
 set -uo pipefail
@@ -34,10 +35,11 @@ overrides() {
   case $1 in
     dflash) echo "" ;;
     dflash-dpace) echo "train.objective=dpace train.reach_weighting=false" ;;
-    dflash2) echo "drafter.kind=dflash2" ;;
-    dflash2-dpace) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false" ;;
+    dflash2) echo "drafter.kind=dflash2 train.selector_out_of_topk=exclude" ;;
+    dflash2-dpace) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false train.selector_out_of_topk=exclude" ;;
     dflash2-inject) echo "drafter.kind=dflash2 train.selector_out_of_topk=inject" ;;
-    dflash2-seed1) echo "drafter.kind=dflash2 train.seed=1" ;;
+    dflash2-dpace-inject) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false train.selector_out_of_topk=inject" ;;
+    dflash2-seed1) echo "drafter.kind=dflash2 train.selector_out_of_topk=exclude train.seed=1" ;;
     dflash-fp8target) echo "target.fp8_linear=true" ;;
     *) echo "unknown arm $1" >&2; return 1 ;;
   esac
