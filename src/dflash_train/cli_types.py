@@ -56,6 +56,14 @@ def float_in(low: float | None = None, high: float | None = None, low_open: bool
     return parse
 
 
+def comma_separated_ints(text: str) -> list[int]:
+    """``"1,9,17"`` -> ``[1, 9, 17]`` (layer ids and the like)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
 positive_int = int_at_least(1)
 nonneg_int = int_at_least(0)
 positive_float = float_in(0.0, low_open=True)

@@ -16,15 +16,8 @@ import json
 import os
 from pathlib import Path
 
-from dflash_train.cli_types import int_at_least, nonneg_int, positive_int
+from dflash_train.cli_types import comma_separated_ints, int_at_least, nonneg_int, positive_int
 from dflash_train.files import atomic_write_text, explained
-
-
-def _layer_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
 
 
 def register(sub) -> None:
@@ -33,7 +26,7 @@ def register(sub) -> None:
                    help="qwen3-8b (random Qwen3-8B-shaped target, the reference), tiny (CPU CI) or a HF model folder")
     p.add_argument("--drafter-layers", type=positive_int, default=5, help="drafter decoder layers")
     p.add_argument("--block-size", type=int_at_least(2), default=16, help="drafter block size (>= 2)")
-    p.add_argument("--target-layer-ids", type=_layer_ids, default=None,
+    p.add_argument("--target-layer-ids", type=comma_separated_ints, default=None,
                    help="comma-separated, e.g. 1,9,17,25,33 (default: the spec's rule)")
     p.add_argument("--num-anchors", type=positive_int, default=None, help="default 512 (8 for tiny)")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence; default 3072 (128 for tiny)")

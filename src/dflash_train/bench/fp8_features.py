@@ -27,14 +27,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_train.cli_types import positive_int
-
-
-def _layer_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+from dflash_train.cli_types import comma_separated_ints, positive_int
 
 
 def register(sub) -> None:
@@ -46,7 +39,7 @@ def register(sub) -> None:
                    help="chat-record files (JSONL/Parquet, the training data); default: the held-out prompts")
     p.add_argument("--rows", type=positive_int, default=64, help="records (or prompts) to run")
     p.add_argument("--max-length", type=positive_int, default=512, help="tokens per row at most")
-    p.add_argument("--layer-ids", type=_layer_ids, default=None,
+    p.add_argument("--layer-ids", type=comma_separated_ints, default=None,
                    help="feature layers, e.g. 1,10,18,27 (default: the spec's rule for --num-features)")
     p.add_argument("--num-features", type=positive_int, default=4, help="feature layers of the default rule")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
