@@ -43,23 +43,31 @@ def _smollm2_shaped_bf16(layers: int = 6) -> Target:
 def test_compiled_target_in_a_cuda_graph_equals_eager(fp8):
     """bf16 (and FP8, whose quantization is now fused by Inductor): packed rows through the compiled
     layers, replayed as the trainer's CUDA graph, against the eager target. Fusion reorders bf16
-    arithmetic, so the check is a relative error, not bit equality."""
+    arithmetic, so the check is a relative error, not bit equality. FP8: fused, the activation is
+    quantized from the norm's unrounded output, so some elements land on the neighbouring e4m3 value;
+    the compiled FP8 target must sit as close to the bf16 target as the eager FP8 one does."""
     from dflash_train.train.cuda_graphs import GraphedCall
 
     target = _smollm2_shaped_bf16()
-    if fp8:
-        target.use_fp8_linears()
     layer_ids = [0, 2, 5]
     g = torch.Generator().manual_seed(0)
     batches = [_packed(g) for _ in range(3)]
+    bf16 = [target.features(ids, None, layer_ids, docs).float() for ids, docs in batches]
+    if fp8:
+        target.use_fp8_linears()
     eager = [target.features(ids, None, layer_ids, docs).float() for ids, docs in batches]
     apply_target_compile(target)
     graphed = GraphedCall(lambda ids, docs: target.features(ids, None, layer_ids, docs), "target forward")
-    for (ids, docs), ref in zip(batches, eager):
+    for (ids, docs), ref, base in zip(batches, eager, bf16):
         out = graphed(ids, docs).float()
         rel = float((out - ref).norm() / ref.norm())
-        assert rel < 1e-2, rel
-    assert graphed.enabled and graphed.replays == 3 and len(graphed.graphs) == 1
+        if not fp8:
+            assert rel < 1e-2, rel
+            continue
+        eager_error, compiled_error = (float((x - base).norm() / base.norm()) for x in (ref, out))
+        assert compiled_error < 1.25 * eager_error + 1e-3, (compiled_error, eager_error, rel)
+        assert rel < 2 * eager_error, (rel, eager_error)
+    assert graphed.enabled and graphed.replays == 3 and len(graphed.graphs) == 1, (graphed.enabled, graphed.replays)
 
 
 def test_training_with_a_compiled_target_tracks_the_eager_one(tmp_path):
