@@ -198,6 +198,17 @@ class TrainConfig:
     fp8_drafter: bool = False
 
     def validate(self) -> None:
+        self._validate_lengths()
+        self._validate_choices()
+        self._validate_objective()
+        self._validate_feature_cache()
+        for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
+        self._validate_fp8_drafter()
+
+    def _validate_lengths(self) -> None:
+        """How long the run is, how often it logs and saves."""
         if self.epochs <= 0 and not self.max_steps:
             raise ValueError("train.epochs must be > 0 (or set train.max_steps)")
         if self.max_steps is not None and self.max_steps < 1:
@@ -208,19 +219,30 @@ class TrainConfig:
         for name in ("save_every_steps", "save_every_minutes", "max_bad_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0 (0: off), got {getattr(self, name)}")
+        if self.time_budget_minutes < 0:
+            raise ValueError(f"train.time_budget_minutes must be >= 0 (0: no budget), got {self.time_budget_minutes}")
+
+    def _validate_choices(self) -> None:
+        """The keys that name one of a few ways: device, anchors, compile, attention, initialization."""
         if self.device != "auto":
             try:
                 torch_device(self.device)
             except RuntimeError:
                 raise ValueError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}") from None
-        if self.time_budget_minutes < 0:
-            raise ValueError(f"train.time_budget_minutes must be >= 0 (0: no budget), got {self.time_budget_minutes}")
         if self.anchors not in ("random", "uniform"):
             raise ValueError(f"train.anchors must be 'random' or 'uniform', got {self.anchors!r}")
         if self.compile_mode not in ("default", "reduce-overhead"):
             raise ValueError(f"train.compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
         if self.attention not in ("auto", "sdpa", "flex"):
             raise ValueError(f"train.attention must be auto/sdpa/flex, got {self.attention!r}")
+        if self.drafter_init not in ("random", "target"):
+            raise ValueError(f"train.drafter_init must be 'random' or 'target', got {self.drafter_init!r}")
+        if self.drafter_init == "target" and self.init_from:
+            raise ValueError("train.drafter_init=target and train.init_from both set the drafter's weights; "
+                             "choose one")
+
+    def _validate_objective(self) -> None:
+        """The loss: its decay and positions, the weightings and which combine."""
         if self.gamma is not None and self.gamma <= 0:
             raise ValueError(f"train.gamma must be > 0, got {self.gamma}")
         lp = self.loss_positions
@@ -228,6 +250,8 @@ class TrainConfig:
             raise ValueError(f"train.loss_positions must be a positive integer or null (all), got {lp!r}")
         if not isinstance(self.reach_weighting, bool):
             raise ValueError(f"train.reach_weighting must be true or false, got {self.reach_weighting!r}")
+        if not 0 <= self.distill <= 1:
+            raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
         if self.reach_weighting and self.distill > 0:
             raise ValueError("train.reach_weighting does not combine with train.distill > 0 (soft targets)")
         if self.objective not in ("ce", "dpace"):
@@ -236,15 +260,10 @@ class TrainConfig:
             raise ValueError("train.objective=dpace combines with neither train.reach_weighting nor train.distill")
         if not 0 <= self.dpace_alpha <= 1:
             raise ValueError(f"train.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
-        if self.selector_out_of_topk not in ("exclude", "inject"):
-            raise ValueError(f"train.selector_out_of_topk must be 'exclude' or 'inject', got {self.selector_out_of_topk!r}")
-        if self.drafter_init not in ("random", "target"):
-            raise ValueError(f"train.drafter_init must be 'random' or 'target', got {self.drafter_init!r}")
-        if self.drafter_init == "target" and self.init_from:
-            raise ValueError("train.drafter_init=target and train.init_from both set the drafter's weights; "
-                             "choose one")
-        if not 0 <= self.distill <= 1:
-            raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
+        if self.selector_out_of_topk not in ("inject", "exclude"):
+            raise ValueError(f"train.selector_out_of_topk must be 'inject' or 'exclude', got {self.selector_out_of_topk!r}")
+
+    def _validate_feature_cache(self) -> None:
         if self.feature_cache not in ("off", "device", "cpu"):
             raise ValueError(f"train.feature_cache must be off, device or cpu, got {self.feature_cache!r}")
         if self.feature_cache_gib is not None:
@@ -256,10 +275,6 @@ class TrainConfig:
         if self.feature_cache != "off" and self.distill > 0:
             raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
                              "final hidden states at every step: use one or the other")
-        for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
-        self._validate_fp8_drafter()
 
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,
