@@ -65,6 +65,9 @@ def register(sub) -> None:
     p.add_argument("--drafter-fp8", action="store_true",
                    help="the drafter layers' attention and MLP projections with FP8 forward and backward GEMMs "
                         "(train.fp8_drafter; CUDA 8.9+, an emulation on the CPU); recorded as config.drafter_fp8")
+    p.add_argument("--kernels", type=nonneg_int, default=0,
+                   help="N > 0: one more step under torch.profiler; each phase's device time by kernel category "
+                        "and its top N kernels, as the JSON's 'kernels' (bench/kernels.py)")
     p.add_argument("--out", default=None, help="also write the JSON object to this file")
     p.set_defaults(func=run_cli)
 
@@ -81,6 +84,7 @@ def run_cli(args) -> int:
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
         cuda_graph_step=args.cuda_graph_step, optim=args.optim, target_fp8=args.target_fp8,
         drafter_fp8=args.drafter_fp8, compile_target=args.compile_target, drafter_kind=args.drafter_kind, objective=args.objective,
+        kernels=args.kernels,
     )
     result = run_bench(cfg)
     if result["rank"] != 0:  # under torchrun only rank 0 reports

@@ -25,6 +25,8 @@ Timing:
   (prepare, target forward, drafter forward + loss, backward, optimizer). Their sum is
   the profiled step time, a little above the timed step time since the syncs remove
   the overlap of CPU launch work with GPU execution;
+* ``--kernels N`` adds ``kernels``: one more step under ``torch.profiler``, each phase's device time
+  by kernel category and its top N kernels (``bench/kernels.py``), after everything else is measured;
 * ``peak_memory_gib`` is ``torch.cuda.max_memory_allocated`` over the timed and
   profiled steps (the stats are reset after warm-up);
 * ``recompiles_after_warmup`` counts graphs Dynamo compiled after warm-up
@@ -56,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from dflash_train.bench.flops import Shape, step_flops
+from dflash_train.bench.kernels import profile_step
 from dflash_train.config import OptimConfig
 from dflash_train.data.batching import MicroBatch
 from dflash_train.devices import resolve_device, resolve_dtype, synchronize
@@ -116,6 +119,7 @@ class BenchConfig:
     compile_target: bool = False  # torch.compile the target's decoder layers (target.compile; CUDA and CPU here)
     drafter_kind: str = "dflash"  # drafter.kind: dflash or dflash2 (convolutions + the selector's loss)
     objective: str = "ce"  # train.objective: ce or dpace
+    kernels: int = 0  # > 0: one more step under torch.profiler, each phase's top N kernels (bench/kernels.py)
 
     def resolved(self) -> BenchConfig:
         out = BenchConfig(**asdict(self))
@@ -140,8 +144,8 @@ class BenchConfig:
                      "loss_chunk_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"bench: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.profile_steps < 0:
-            raise ValueError("bench: --warmup and --profile-steps must be >= 0")
+        if self.warmup < 0 or self.profile_steps < 0 or self.kernels < 0:
+            raise ValueError("bench: --warmup, --profile-steps and --kernels must be >= 0")
         if self.drafter_kind not in ("dflash", "dflash2"):
             raise ValueError(f"bench: --drafter-kind must be dflash or dflash2, got {self.drafter_kind!r}")
         if self.objective not in ("ce", "dpace"):
@@ -349,7 +353,10 @@ def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
     warmup_times = bench.warm_up()
     timed = bench.timed()
     phases = bench.profiled()
-    return bench.report(warmup_times, timed, phases)
+    report = bench.report(warmup_times, timed, phases)
+    if cfg.kernels:
+        report["kernels"] = bench.kernel_breakdown()
+    return report
 
 
 @dataclass
@@ -448,6 +455,7 @@ class StepBench:
         total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
         ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
         step = build_train_step(spec, model, drafter, target, optim, total_steps, device, dtype, ranks)
+        total_steps += 1 if cfg.kernels else 0  # --kernels' step: a batch, not a longer LR schedule
         if cfg.cuda_graph_step:
             step.graph_whole_step(capture=None if test_capture is None else test_capture(step))
         batches = [synthetic_batch(cfg, target.facts.vocab_size, i, rank) for i in range(total_steps)]
@@ -516,6 +524,12 @@ class StepBench:
             clock["t"] = time.perf_counter()
             self.train_step(i, mark)
         return {k: v / self.cfg.profile_steps for k, v in totals.items()}
+
+    def kernel_breakdown(self) -> dict:
+        """``--kernels N``: the step after the profiled pass under ``torch.profiler``, its kernels per
+        phase (``bench/kernels.py``); run after the report's numbers, so it perturbs none of them."""
+        index = self.cfg.warmup + self.cfg.steps + self.cfg.profile_steps
+        return profile_step(lambda mark: self.train_step(index, mark), self.device, synchronize, self.cfg.kernels)
 
     def report(self, warmup_times: list[float], timed: TimedLoop, phases: dict | None) -> dict:
         """The JSON object ``dflash-train bench`` prints (its keys are read by tests and docs)."""
