@@ -18,6 +18,9 @@ from dflash_train.devices import synchronize
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "elementwise"),
     ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4>>", "optimizer"),
     ("aten::mm", "matmul"),
+    ("triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_mul_silu_t_view_5", "fused (Inductor)"),
+    ("triton_per_fused__scaled_dot_product_cudnn_attention__to_copy_add_cat_mean_mul_neg_pow", "fused (Inductor)"),
+    ("triton_tem_fused_mm_0", "matmul"),
     ("something_else", "other"),
 ])
 def test_kernel_categories(name, expected):
@@ -88,6 +91,9 @@ def test_cuda_kernels_land_in_their_phases(graphed):
     result = run_bench(BenchConfig(**base, cuda_graph_step=graphed), log=lambda *_: None)
     kernels = result["kernels"]
     assert kernels["items"].startswith("CUDA kernels")
+    names = [k["name"] for phase in kernels["phases"].values() for k in phase["top"]]
+    ranges = [n for n in names if n.startswith("bench_phase_") or n.startswith("Optimizer.step#")]
+    assert not ranges, names  # named ranges span kernels: they are not kernels themselves
     if graphed:
         assert "step" in kernels["phases"] and kernels["step_us"] > 0
         return
@@ -95,4 +101,5 @@ def test_cuda_kernels_land_in_their_phases(graphed):
     assert set(PHASES) <= set(phases), list(phases)
     assert phases["target_forward"]["categories"].get("matmul", 0) > 0
     assert phases["optimizer"]["categories"].get("optimizer", 0) > 0
-    assert 0.05 < kernels["step_us"] / 1e6 / result["profiled_step_s"] < 2.0
+    # the kernels of one stream, synchronized at each phase boundary, fit in the step's wall time
+    assert 0 < kernels["step_us"] / 1e6 / result["profiled_step_s"] < 1.05  # the tiny step is host-bound: ~4%

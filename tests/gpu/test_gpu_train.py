@@ -246,3 +246,21 @@ def test_feature_cache_spilled_to_host_trains_as_the_target_does(tmp_path):
     cache = caches["spilled"]
     assert cache.spill.shape[0] > 0 and cache.store.device.type == "cuda" and cache.hits > 0 and cache.misses > 0
     torch.testing.assert_close(torch.tensor(losses["spilled"]), torch.tensor(losses["off"]), rtol=2e-3, atol=2e-3)
+
+
+def test_host_batch_copies_do_not_wait_for_the_device():
+    """``to_device_async`` (the step's host -> GPU copies): with the GPU busy for ~0.2 s, copying
+    pageable host tensors returns before the GPU is done (they go through pinned memory), and the
+    copies are right once it is."""
+    from dflash_train.devices import to_device_async
+
+    device = torch.device("cuda")
+    host = [torch.arange(3072 * k).view(k, -1) for k in (1, 2)] + [torch.rand(512) > 0.5]
+    assert not any(t.is_pinned() for t in host)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(3e8))  # ~0.2 s of device time ahead of the copies
+    copies = [to_device_async(t, device) for t in host]
+    assert not torch.cuda.current_stream().query(), "a copy waited for the device"
+    torch.cuda.synchronize()
+    for copy, original in zip(copies, host):
+        assert copy.is_cuda and torch.equal(copy.cpu(), original)

@@ -36,8 +36,16 @@ CATEGORIES = (
 
 
 def category(name: str) -> str:
-    """The category of a kernel (or CPU operator) by its name; ``other`` when nothing matches."""
+    """The category of a kernel (or CPU operator) by its name; ``other`` when nothing matches.
+
+    Inductor names a kernel after the operators it fused (``triton_red_fused__scaled_mm_...amax``
+    is FP8 quantization feeding a matmul, not one): its templates (``triton_tem``) are matmuls or
+    flex attention, every other ``triton_`` kernel is fused pointwise or reduction work."""
     low = name.lower()
+    if low.startswith("triton_"):
+        if low.startswith("triton_tem"):
+            return "attention" if "flex" in low else "matmul"
+        return "fused (Inductor)"
     for label, needles in CATEGORIES:
         if any(n in low for n in needles):
             return label
@@ -83,11 +91,17 @@ def _items(prof, device: torch.device) -> tuple[list, list, str]:
     ranges = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.name.startswith(RANGE_PREFIX)]
     if device.type == "cuda":
         items = [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in events
-                 if e.device_type == torch.autograd.DeviceType.CUDA]
+                 if e.device_type == torch.autograd.DeviceType.CUDA and not _annotation(e)]
         return ranges, items, "CUDA kernels, memcpy and memset (device time)"
     items = [(e.name, e.time_range.start, e.self_cpu_time_total) for e in events
              if e.name.startswith("aten::") and e.self_cpu_time_total > 0]
     return ranges, items, "CPU operators (self time; no kernels on the CPU)"
+
+
+def _annotation(event) -> bool:
+    """A named range mirrored on the device timeline (ours, ``Optimizer.step#AdamW.step``): it spans
+    kernels, it is not one, so counting it would count their time twice."""
+    return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(RANGE_PREFIX)
 
 
 def profile_step(run_step: Callable[[Callable[[str], None]], object], device: torch.device,

@@ -28,6 +28,27 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     return bool(optimizer.defaults.get("fused")) or getattr(optimizer, "takes_found_inf", False)
 
 
+def clip_gradients(optimizer: torch.optim.Optimizer, parameters, max_norm: float) -> torch.Tensor:
+    """Clip the gradients' total norm to ``max_norm`` (0: no clip); returns the norm before it.
+
+    The fused AdamW clips inside its own kernel: it divides each gradient by
+    ``optimizer.grad_scale`` (a device scalar, the hook AMP's unscaling uses) as it reads it for
+    the update, which saves ``clip_grad_norm_``'s extra read and write of every gradient (~1 ms
+    of the reference bench's step, 1B fp32 gradients). The divisor is ``clip_grad_norm_``'s
+    factor inverted, ``max((norm + 1e-6) / max_norm, 1)``; the gradients left after the step are
+    the clipped ones either way."""
+    if max_norm > 0 and isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused"):
+        norm = _whole(torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None]))
+        optimizer.grad_scale = torch.clamp((norm.float() + 1e-6) / max_norm, min=1.0)
+        return norm
+    return _whole(torch.nn.utils.clip_grad_norm_(parameters, max_norm if max_norm > 0 else float("inf")))
+
+
+def _whole(norm: torch.Tensor) -> torch.Tensor:
+    """A norm over FSDP2-sharded gradients is a DTensor: its full value (a device collective)."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 def cosine_with_warmup(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
     """LR multiplier: linear warmup to 1, then cosine down to ``min_ratio`` at the end."""
     if warmup_steps > 0 and step < warmup_steps:

@@ -20,11 +20,12 @@ import torch.distributed as dist
 
 from dflash_train.config import OptimConfig, TrainConfig
 from dflash_train.data.batching import MicroBatch
+from dflash_train.devices import to_device_async
 from dflash_train.objective.blocks import default_gamma, sample_batch_anchors, uniform_anchors
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.train.cuda_graphs import GraphedStep
-from dflash_train.train.optim import build_optimizer, build_scheduler, skips_on_device
+from dflash_train.train.optim import build_optimizer, build_scheduler, clip_gradients, skips_on_device
 from dflash_train.train.parallelize import no_sync, step_begin
 
 
@@ -166,10 +167,10 @@ class TrainStep:
     def to_device(self, mb: MicroBatch) -> DeviceBatch:
         """CPU anchors and tokens -> device tensors for one micro-batch."""
         anchors, keep = self.anchors(mb)
-        to = {"device": self.device, "non_blocking": True}
-        doc_ids = None if mb.doc_ids is None else mb.doc_ids.to(**to)
-        return DeviceBatch(mb.input_ids.to(**to), mb.attention_mask.to(**to), mb.loss_mask.to(**to), anchors.to(**to),
-                           keep.to(**to), doc_ids, int(keep.sum()))
+        ids, attention, loss_mask, anchors_on, keep_on = (to_device_async(t, self.device) for t in (
+            mb.input_ids, mb.attention_mask, mb.loss_mask, anchors, keep))
+        doc_ids = None if mb.doc_ids is None else to_device_async(mb.doc_ids, self.device)
+        return DeviceBatch(ids, attention, loss_mask, anchors_on, keep_on, doc_ids, int(keep.sum()))
 
     def blocks(self, tensors: tuple[torch.Tensor, ...]):
         """The micro-batch's blocks from ``DeviceBatch.tensors()`` (ids, loss mask, anchors, keep[, doc ids])."""
@@ -256,10 +257,7 @@ class TrainStep:
         schedule advances on a skipped step (its data is consumed). Without such an optimizer
         the host decides, at the price of a sync. ``step_number``: a device scalar.
         """
-        clip = self.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), clip if clip > 0 else float("inf"))
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor; the whole norm (a device collective)
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_gradients(self.optimizer, self.drafter.parameters(), self.grad_clip)
         ok = torch.isfinite(step_loss) & torch.isfinite(grad_norm)
         self.last_ok = ok
         bad = ~ok
