@@ -33,3 +33,19 @@ def test_bench_steps_cpu_smoke(tmp_path, capsys):
     assert eager["kernels_uncompiled"] == {"plain": None, "verify": None, "draft": None}  # CUDA only
     assert "needs a CUDA target" in report["variants"]["cudagraph"]["error"]
     assert "eager" in capsys.readouterr().out
+
+
+def test_rank_kernels_counts_totals_and_orders_by_time():
+    """The decode bench's kernel table (``rank_kernels``, shared with ``bench --kernels``) against a
+    plain tally: per name its count and summed time, the largest totals first, cut at ``top``."""
+    events = [("nvjet_a", 5.0), ("triton_poi_fused_add_0", 1.0), ("nvjet_a", 7.0), ("Memset (Device)", 0.5),
+              ("triton_poi_fused_add_0", 2.0), ("cudnn_sdpa_flash", 4.0)]
+    out = bench_steps.rank_kernels(events, top=2)
+    tally = {}
+    for name, us in events:
+        count, total = tally.get(name, (0, 0.0))
+        tally[name] = (count + 1, total + us)
+    best = sorted(tally.items(), key=lambda kv: -kv[1][1])[:2]
+    assert out["kernels"] == len(events) and out["gpu_us"] == sum(us for _, us in events)
+    assert [(t["name"], t["count"], t["us"]) for t in out["top"]] == [(n, c, us) for n, (c, us) in best]
+    assert out["categories"] == {"matmul": 12.0, "attention": 4.0, "fused (Inductor)": 3.0, "copy": 0.5}

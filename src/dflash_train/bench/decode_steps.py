@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from dflash_train.bench import kernels
 from dflash_train.decoding.static import STEPS, StaticDecoder
 from dflash_train.eval.flags import at_least, positive_float, positive_int
 from dflash_train.files import atomic_write_text
@@ -157,17 +158,21 @@ def kernel_profile(fn, device, top: int = 8) -> dict | None:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        totals: dict[str, list] = {}
-        for e in kernels:
-            entry = totals.setdefault(e.name[:100], [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.time_range.elapsed_us()
+        events = [(e.name, e.time_range.elapsed_us()) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and not kernels.is_annotation(e)]
     except Exception as err:  # noqa: BLE001
         return {"error": f"{type(err).__name__}: {err}"}
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"kernels": len(kernels), "gpu_us": round(sum(v[1] for v in totals.values()), 1),
-            "top": [{"name": k, "count": c, "us": round(us, 1)} for k, (c, us) in ranked]}
+    return rank_kernels(events, top)
+
+
+def rank_kernels(events: list[tuple[str, float]], top: int) -> dict:
+    """(name, microseconds) of one call's device activities -> their count, total and the ``top``
+    by total time, each with its category (``bench/kernels.PhaseKernels``, as ``bench --kernels``)."""
+    phase = kernels.PhaseKernels()
+    for name, us in events:
+        phase.add(name, us)
+    report = phase.report(top)
+    return {"kernels": len(events), "gpu_us": report["us"], "categories": report["categories"], "top": report["top"]}
 
 
 def _set_step_inputs(dec: StaticDecoder, p: int) -> None:

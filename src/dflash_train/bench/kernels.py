@@ -91,14 +91,14 @@ def _items(prof, device: torch.device) -> tuple[list, list, str]:
     ranges = [(e.name, e.time_range.start, e.time_range.end) for e in events if e.name.startswith(RANGE_PREFIX)]
     if device.type == "cuda":
         items = [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in events
-                 if e.device_type == torch.autograd.DeviceType.CUDA and not _annotation(e)]
+                 if e.device_type == torch.autograd.DeviceType.CUDA and not is_annotation(e)]
         return ranges, items, "CUDA kernels, memcpy and memset (device time)"
     items = [(e.name, e.time_range.start, e.self_cpu_time_total) for e in events
              if e.name.startswith("aten::") and e.self_cpu_time_total > 0]
     return ranges, items, "CPU operators (self time; no kernels on the CPU)"
 
 
-def _annotation(event) -> bool:
+def is_annotation(event) -> bool:
     """A named range mirrored on the device timeline (ours, ``Optimizer.step#AdamW.step``): it spans
     kernels, it is not one, so counting it would count their time twice."""
     return bool(getattr(event, "is_user_annotation", False)) or event.name.startswith(RANGE_PREFIX)
