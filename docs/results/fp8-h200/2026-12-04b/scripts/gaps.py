@@ -11,9 +11,13 @@ from dflash_train.bench.run import BenchConfig, StepBench
 flags = set(sys.argv[1:])
 cfg = BenchConfig(target_config="qwen3-8b", drafter_layers=5, block_size=16, target_layer_ids=[1, 9, 17, 25, 33],
                   num_anchors=512, seq_len=3072, batch_size=1, steps=3, warmup=2, attention="flex", compile=True,
-                  device="cuda", target_fp8="fp8" in flags, compile_target=True, profile_steps=0).resolved()
+                  device="cuda", target_fp8="fp8" in flags, compile_target=True, profile_steps=0,
+                  cuda_graph_step="graph" in flags).resolved()
 bench = StepBench.build(cfg, 1, 0, lambda *a: None)
 bench.warm_up()
+for i in range(3):  # the graphed step replays only after its eager steps and the capture
+    bench.train_step(0)
+
 torch.cuda.synchronize()
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for i in range(cfg.warmup, cfg.warmup + cfg.steps):
