@@ -25,6 +25,7 @@ from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.blocks import check_loss_positions
+from dflash_train.objective.loss import OUT_OF_TOPK
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -146,7 +147,7 @@ class TrainConfig:
     dpace_alpha: float = 0.5  # D-PACE's floor on each position's acceptance factor, in [0, 1]
     # DFlash2: where the label is not among the top-k candidates, "inject" the label as a candidate or
     # "exclude" the row from the selector CE (objective/loss.selector_ce: inject measured better on an H200)
-    selector_out_of_topk: str = "inject"
+    selector_out_of_topk: str = OUT_OF_TOPK[0]
     device: str = "auto"  # auto (cuda if available, else cpu), cpu, cuda or cuda:N
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
@@ -260,8 +261,9 @@ class TrainConfig:
             raise ValueError("train.objective=dpace combines with neither train.reach_weighting nor train.distill")
         if not 0 <= self.dpace_alpha <= 1:
             raise ValueError(f"train.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
-        if self.selector_out_of_topk not in ("inject", "exclude"):
-            raise ValueError(f"train.selector_out_of_topk must be 'inject' or 'exclude', got {self.selector_out_of_topk!r}")
+        if self.selector_out_of_topk not in OUT_OF_TOPK:
+            raise ValueError(f"train.selector_out_of_topk must be one of {list(OUT_OF_TOPK)}, "
+                             f"got {self.selector_out_of_topk!r}")
 
     def _validate_feature_cache(self) -> None:
         if self.feature_cache not in ("off", "device", "cpu"):

@@ -280,7 +280,7 @@ class LossOutput:
     selector_ce: torch.Tensor | None = None  # DFlash2: the selector's share of weighted_ce (for logging)
 
 
-OUT_OF_TOPK = ("inject", "exclude")
+OUT_OF_TOPK = ("inject", "exclude")  # train.selector_out_of_topk's choices, the default first
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ class SelectorTargets:
 
     selector: torch.nn.Module
     anchor_ids: torch.Tensor
-    out_of_topk: str = "inject"
+    out_of_topk: str = OUT_OF_TOPK[0]
 
 
 def dflash_loss(
@@ -351,7 +351,7 @@ def _selector_scores(selector, hidden, lm_head, candidates, predecessors):
     return selector.scores(selector.hidden_projection(hidden), unary, candidates, predecessors).float()
 
 
-def selector_ce(selector, hidden, lm_head, labels, predecessors, candidates, weights, out_of_topk="inject",
+def selector_ce(selector, hidden, lm_head, labels, predecessors, candidates, weights, out_of_topk=OUT_OF_TOPK[0],
                 chunk_size=4096):
     """DFlash2's selector loss: ``sum_i w_i * CE(S_i, index of label_i among the candidates)``, and
     each row's greedy pick, with the predecessor teacher-forced (the label before; slot 1: the anchor).

@@ -13,7 +13,7 @@ import torch
 from dflash_train.models.attention import build_masks
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.objective.blocks import Blocks, build_blocks, check_loss_positions, predicting_states
-from dflash_train.objective.loss import LossOptions, LossOutput, SelectorTargets, dflash_loss
+from dflash_train.objective.loss import OUT_OF_TOPK, LossOptions, LossOutput, SelectorTargets, dflash_loss
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ObjectiveOptions:
     objective: str = "ce"
     dpace_alpha: float = 0.5
     # DFlash2's selector CE where the label is not among the top-k (train.selector_out_of_topk)
-    selector_out_of_topk: str = "inject"
+    selector_out_of_topk: str = OUT_OF_TOPK[0]
 
     def __post_init__(self):
         check_loss_positions(self.loss_positions, self.block_size)
