@@ -423,7 +423,20 @@ def config_from_dict(data: dict[str, Any]) -> JobConfig:
         if value is not None and not isinstance(value, dict):
             raise ValueError(f"config section {name} must hold key: value pairs, got {type(value).__name__} "
                              f"{_short(value)}")
-    return JobConfig(**{name: _build(cls, data.get(name) or {}, name) for name, cls in sections.items()})
+    job = JobConfig(**{name: _build(cls, data.get(name) or {}, name) for name, cls in sections.items()})
+    keep_eval_prompts_out(job)
+    return job
+
+
+def keep_eval_prompts_out(job: JobConfig) -> None:
+    """Add the job's ``eval.prompts`` (a file) to ``data.exclude_prompts``, so that no training
+    record asks a prompt the job evaluates on; the packaged sets are excluded anyway."""
+    from dflash_train.data.prompt_sets import NAMED_PROMPT_SETS
+
+    prompts, excluded = job.eval.prompts, job.data.exclude_prompts
+    if (isinstance(prompts, str) and prompts not in NAMED_PROMPT_SETS and isinstance(excluded, list)
+            and prompts not in excluded):
+        excluded.append(prompts)
 
 
 def _short(value: Any) -> str:

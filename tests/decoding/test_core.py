@@ -47,12 +47,13 @@ def test_leading_matches_equals_greedy_accept_and_a_loop():
 
 def test_ledger_commits_like_a_token_by_token_loop():
     """Random verify steps: the ledger's tokens equal committing one token at a time with the
-    stop/budget rule, and tau / per-position counts are recorded as verified (before cutting)."""
+    stop/budget rule; acceptance and per-position counts are recorded as verified (before
+    cutting), and tau counts the tokens each step kept: the token-by-token loop's own count."""
     rng = random.Random(1)
     for _ in range(100):
         budget, block, stop = rng.randint(0, 12), rng.randint(1, 5), {rng.randrange(6)}
         ledger = SpecLedger(budget, block, stop)
-        expected, finished, steps = [], budget <= 0, []
+        expected, finished, steps, kept = [], budget <= 0, [], []
         if not finished:
             first = rng.randrange(6)
             ledger.start(first)
@@ -63,14 +64,18 @@ def test_ledger_commits_like_a_token_by_token_loop():
             nxt = rng.randrange(6)
             steps.append(accepted + 1)
             ledger.commit(drafts, accepted, nxt)
+            kept.append(0)
             for tok in drafts[:accepted] + [nxt]:
                 if finished:
                     break
                 expected.append(tok)
+                kept[-1] += 1
                 finished = tok in stop or len(expected) >= budget
         assert finished
         result = ledger.done()
         assert result.tokens == expected and result.acceptance_lengths == steps
+        assert result.kept_lengths == kept and sum(kept) == max(0, len(expected) - 1)
+        assert result.mean_tau == (sum(kept) / len(kept) if kept else 0.0)
         for k in range(1, block):
             assert result.position_reached[k - 1] == sum(t >= k for t in steps)
             assert result.position_accepted[k - 1] == sum(t >= k + 1 for t in steps)

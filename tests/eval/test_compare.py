@@ -9,8 +9,25 @@ from dflash_train.eval.compare import compare, main, parse_range
 
 
 def _report(per_prompt_lengths):
-    prompts = [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in per_prompt_lengths]
+    """Steps that kept all they accepted: kept tokens per step = acceptance per step."""
+    prompts = [{"tau": sum(a) / len(a), "kept_lengths": a, "acceptance_lengths": a} for a in per_prompt_lengths]
     return {"prompts": prompts}
+
+
+def test_old_reports_are_recounted_on_kept_tokens_and_a_cut_last_step_counts_what_it_kept():
+    """A report from before kept_lengths existed: its per-prompt tau and acceptance as verified
+    counted the cut drafts of the last step; compare recounts from new_tokens (the prefill's token
+    excluded), which equals counting kept_lengths."""
+    old = {"prompts": [{"tau": 4.0, "new_tokens": 9, "acceptance_lengths": [3, 5]},  # kept all: 3 + 5 = 9 - 1
+                       {"tau": 2.0, "new_tokens": 4, "acceptance_lengths": [2, 2]}]}
+    new = {"prompts": [{"tau": 4.0, "kept_lengths": [3, 5], "acceptance_lengths": [3, 5]},
+                       {"tau": 1.5, "kept_lengths": [2, 1], "acceptance_lengths": [2, 2]}]}
+    row = compare(old, new, "v", parse_range("1-2"))
+    assert row.base_tau == pytest.approx((8 + 3) / 4)  # not (3 + 5 + 2 + 2) / 4: one cut token not kept
+    assert row.variant_tau == pytest.approx((8 + 3) / 4)
+    assert row.mean_diff == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="cannot be counted"):
+        compare({"prompts": [{"tau": 2.0, "acceptance_lengths": [2]}]}, new, "v", parse_range("1-1"))
 
 
 def test_paired_difference_mean_stderr_wins_and_step_weighted_tau():

@@ -55,7 +55,11 @@ def test_eval_cli_end_to_end(folders, tmp_path, capsys, prompts):
     assert len(report["tau_per_prompt"]) == report["num_prompts"]
     assert sum(report["acceptance_histogram"].values()) == report["num_verify_steps"]
     assert report["speedup"] > 0 and report["target_decode_tokens_per_s"] > 0
-    assert "mean tau" in capsys.readouterr().out
+    # tau counts kept tokens: every new token but the prefill's, over the verify steps
+    kept = sum(p["new_tokens"] - 1 for p in report["prompts"])
+    assert report["mean_tau"] == pytest.approx(kept / report["num_verify_steps"])
+    assert all(sum(p["kept_lengths"]) == p["new_tokens"] - 1 for p in report["prompts"])
+    assert "tau (kept tokens / verify step)" in capsys.readouterr().out
     assert report["engine"] == "static"  # auto: greedy runs on the static engine
 
 
@@ -100,7 +104,7 @@ def test_evaluate_api_cheap_mode(folders):
     assert drafter.training  # mode restored
     assert report["lossless"] == {"checked": False, "ok": None} and "speedup" not in report
     assert report["block_size"] == 3 and len(report["per_position_acceptance"]) == 2
-    assert "mean tau" in format_table(report)
+    assert "tau (kept tokens / verify step)" in format_table(report)
 
 
 def test_compare_greedy_tolerance():

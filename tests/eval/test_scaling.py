@@ -23,7 +23,7 @@ def test_cli_reads_eval_reports_on_a_prompt_range_and_writes_png_and_json(tmp_pa
     points = []
     for minutes, lengths in [(1, [[2, 2], [9]]), (10, [[3, 3], [9]])]:
         path = tmp_path / f"e{minutes}.json"
-        path.write_text(json.dumps({"prompts": [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in lengths]}))
+        path.write_text(json.dumps({"prompts": [{"tau": sum(a) / len(a), "kept_lengths": a, "acceptance_lengths": a} for a in lengths]}))
         points += ["--point", f"{minutes}={path}"]
     out, js = tmp_path / "c.png", tmp_path / "c.json"
     args = ["--prompts", "1-1", "--goal", "4", "--goal", "3.5", "--out", str(out), "--json", str(js)]
@@ -38,7 +38,7 @@ def test_cli_reads_eval_reports_on_a_prompt_range_and_writes_png_and_json(tmp_pa
 
 
 def _report(path, lengths):
-    path.write_text(json.dumps({"prompts": [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in lengths]}))
+    path.write_text(json.dumps({"prompts": [{"tau": sum(a) / len(a), "kept_lengths": a, "acceptance_lengths": a} for a in lengths]}))
     return path
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .batching import BatchIterator, BatchPlan, MicroBatch
 from .cache import cache_key, cached_build, default_cache_dir
 from .chat_template import read_chat_template, use_chat_template
+from .decontaminate import drop_eval_prompts, evaluation_prompts
 from .errors import DataError, SkipReport
 from .readers import read_records, resolve_files
 from .tokenize import TokenizeOptions, default_num_workers, tokenize_records
@@ -64,6 +65,12 @@ class DataConfig:
     # a .jinja file (data/chat_template.py). Null: the tokenizer's own. Needed for chat records
     # with a base model's tokenizer, which has none; plain-text records ({"text": ...}) need none.
     chat_template: str | None = None
+    # Drop every record that asks an evaluation prompt (a user turn equal to, containing or near one;
+    # data/decontaminate.py): the packaged sets heldout and selection, the sets or files listed in
+    # exclude_prompts, and the job's eval.prompts (added to exclude_prompts when the config is read).
+    # Counted as "eval_prompt" in the data report. False keeps them (then tau on those prompts is recall).
+    exclude_eval_prompts: bool = True
+    exclude_prompts: list[str] = field(default_factory=list)  # more prompt sets or files to keep out
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
@@ -81,7 +88,7 @@ class DataConfig:
         me = self.max_examples
         if me is not None and (not isinstance(me, int) or isinstance(me, bool) or me < 1):
             raise ValueError(f"data.max_examples: expected a positive integer or null, got {me!r}")
-        for name in ("pack", "trim_loops"):
+        for name in ("pack", "trim_loops", "exclude_eval_prompts"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"data.{name}: expected true or false, got {getattr(self, name)!r}")
         mlt = self.max_lookup_tau
@@ -94,10 +101,20 @@ class DataConfig:
         if not isinstance(ps, int) or isinstance(ps, bool) or ps < 0:
             raise ValueError(f"data.prefetch_steps: expected a non-negative integer, got {ps!r}")
         read_chat_template(self.chat_template)  # a missing file or a non-template: one line now
+        self._validate_exclude_prompts()
         padded = -(-self.max_length // self.pad_to_multiple) * self.pad_to_multiple
         if self.token_budget < padded:
             raise ValueError(f"data.token_budget ({self.token_budget}) must be >= data.max_length rounded up to "
                              f"data.pad_to_multiple ({padded}) so the longest example fits one micro-batch")
+
+    def _validate_exclude_prompts(self) -> None:
+        from .prompt_sets import resolve_prompts
+
+        if not isinstance(self.exclude_prompts, list) or not all(isinstance(p, str) for p in self.exclude_prompts):
+            raise ValueError("data.exclude_prompts: expected a list of prompt set names or prompt files")
+        for source in self.exclude_prompts:
+            if not resolve_prompts(source).is_file():
+                raise ValueError(f"data.exclude_prompts: {source}: no such prompt file or named set")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,11 +133,17 @@ def load_tokenized(cfg: DataConfig, tokenizer, block_size: int) -> tuple[dataset
     use_chat_template(tokenizer, cfg.chat_template)
     opts = tokenize_options(cfg, block_size)
     files = resolve_files(cfg.paths)
-    key = cache_key(files, tokenizer, {**opts.key(), "strict": cfg.strict})
+    excluded = evaluation_prompts(cfg.exclude_prompts) if cfg.exclude_eval_prompts else None
+    options = {**opts.key(), "strict": cfg.strict}
+    if excluded is not None:
+        options["exclude_eval_prompts"] = excluded.fingerprint()
+    key = cache_key(files, tokenizer, options)
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_cache_dir()
 
     def build(report: SkipReport):
         records = read_records([str(f) for f in files], report, cfg.strict)
+        if excluded is not None:
+            records = drop_eval_prompts(records, excluded, report)
         workers = default_num_workers() if cfg.num_workers is None else cfg.num_workers
         return tokenize_records(records, tokenizer, opts, report, cfg.strict, workers)
 

@@ -35,6 +35,11 @@ def register(subparsers) -> None:
     regen.add_argument("--compact", action="store_true",
                        help="static backend: once at most half of a bucket's rows still run, continue them at a "
                             "smaller batch (same answers; decoding/batched.py)")
+    regen.add_argument("--keep-eval-prompts", action="store_true",
+                       help="also answer records that ask an evaluation prompt (heldout, selection, --exclude-prompts);"
+                            " by default they are skipped and counted, so no answer to one reaches training data")
+    regen.add_argument("--exclude-prompts", nargs="+", default=[], metavar="SET_OR_FILE",
+                       help="more prompt sets or files whose prompts no record may ask (e.g. your eval prompts)")
     regen.set_defaults(func=cmd_regenerate)
 
     data = subparsers.add_parser("data", help="data tools (inspect: what training will see)")
@@ -60,6 +65,8 @@ def register(subparsers) -> None:
                            "(data.max_lookup_tau)")
     insp.add_argument("--chat-template", default=None,
                       help="a Jinja template string or a .jinja file to format chats with (data.chat_template)")
+    insp.add_argument("--keep-eval-prompts", action="store_true",
+                      help="keep records that ask an evaluation prompt (data.exclude_eval_prompts=false)")
     insp.add_argument("--color", action=argparse.BooleanOptionalAction, default=None,
                       help="color supervised tokens (default: when stdout is a terminal)")
     insp.set_defaults(func=cmd_inspect)
@@ -78,6 +85,7 @@ def cmd_regenerate(args) -> int:
 
     from dflash_train.decoding.generators import HFGenerator, SamplingParams
 
+    from .decontaminate import drop_eval_prompts, evaluation_prompts
     from .errors import SkipReport
     from .readers import read_records, resolve_files
     from .regenerate import run_regenerate
@@ -88,6 +96,7 @@ def cmd_regenerate(args) -> int:
     if not Path(args.target).exists():
         raise FileNotFoundError(f"--target {args.target}: no such model folder")
     resolve_files(args.data)  # fail fast on missing input before loading the model
+    excluded = None if args.keep_eval_prompts else evaluation_prompts(args.exclude_prompts)
     torch.manual_seed(args.seed)
     if getattr(args, "backend", "hf") == "static":
         from dflash_train.decoding.batched import StaticCacheGenerator
@@ -99,6 +108,8 @@ def cmd_regenerate(args) -> int:
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.thinking)
     report = SkipReport()
     records = read_records(args.data, report, args.strict)
+    if excluded is not None:
+        records = drop_eval_prompts(records, excluded, report)
     summary = run_regenerate(records, generator, Path(args.out), params, args.batch_size, report,
                              args.limit, args.strict)
     print(summary.format(report))
@@ -134,7 +145,7 @@ def cmd_inspect(args) -> int:
                      keep_reasoning=not args.no_reasoning, min_supervised_tokens=args.min_supervised_tokens,
                      strict=args.strict, cache_dir=args.cache_dir, token_budget=max(8192, args.max_length),
                      trim_loops=args.trim_loops, max_lookup_tau=args.max_lookup_tau,
-                     chat_template=args.chat_template)
+                     chat_template=args.chat_template, exclude_eval_prompts=not args.keep_eval_prompts)
     dataset, report = load_tokenized(cfg, tokenizer, args.block_size)
     color = sys.stdout.isatty() if args.color is None else args.color
     print(inspect_dataset(dataset, report, tokenizer, args.index, color))

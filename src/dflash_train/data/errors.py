@@ -19,6 +19,9 @@ WHY = {
                           "shorter answers teach it little; lower data.min_supervised_tokens to keep them",
     "mostly_copied": "the answer mostly copies its prompt (prompt lookup drafts more than data.max_lookup_tau tokens "
                      "a step): little for a drafter to learn; raise or unset data.max_lookup_tau to keep them",
+    "eval_prompt": "a user turn asks an evaluation prompt (heldout, selection, eval.prompts or "
+                   "data.exclude_prompts; equal, contained or near): tau measured on it would be recall, not "
+                   "drafting; data.exclude_eval_prompts=false keeps such records",
     "template_mismatch": "the chat template renders the answer differently from the record's text, so its loss "
                          "mask cannot be trusted; check data.chat_template",
     "template_error": "the chat template refused the conversation (e.g. roles that do not alternate); fix the "

@@ -13,8 +13,16 @@ the static CUDA-graph engine, the replay walk):
    (:func:`leading_matches`, :func:`greedy_accept`) and adds the target's next choice;
    sampling keeps each draft with probability ``min(1, p/q)`` and resamples from the
    residual at the first rejection (:func:`speculative_accept`);
-4. **commit**: :class:`SpecLedger` records tau and the per-position counts of the step,
-   cuts the new tokens at a stop token or the token budget, and says when to stop.
+4. **commit**: :class:`SpecLedger` cuts the new tokens at a stop token or the token budget,
+   records the step (its acceptance as verified, the tokens it kept, the per-position
+   counts), and says when to stop.
+
+**Tau** is the tokens committed per target verify step: :attr:`SpecResult.mean_tau` =
+kept tokens / verify steps. The prefill's token is not a step's, and a step cut by a stop
+token or the budget counts only what it kept (drafts the target accepted past the cut were
+never emitted). ``acceptance_lengths`` keeps each step's acceptance as verified (accepted
+drafts + 1, before any cut) for histograms and per-position rates, and for comparison with
+decoders that count it.
 
 What a drafter must provide is :class:`BlockProposer` (``propose_block``). A DFlash
 drafter's proposal is "the block's logits, then argmax (or a sample)"; how a block's
@@ -287,11 +295,12 @@ def accept(proposal: Proposal, target_logits: torch.Tensor, sampling: Sampling) 
 class SpecResult:
     """One prompt's speculative decode.
 
-    ``tokens``: new tokens (prompt excluded). ``acceptance_lengths``: tau of every verify
-    step (accepted drafts + 1, as verified, before any stop/limit truncation).
-    ``position_reached[k-1]`` / ``position_accepted[k-1]``: how many verify steps
-    reached / accepted draft position k (k = 1 .. B-1); P(k accepted | reached) is
-    their ratio. Times in seconds; decode excludes the prefill (the first token).
+    ``tokens``: new tokens (prompt excluded; the first is the prefill's). ``kept_lengths``:
+    the tokens each verify step committed (after a cut at a stop token or the budget).
+    ``acceptance_lengths``: each step's acceptance as verified (accepted drafts + 1, before
+    any cut). ``position_reached[k-1]`` / ``position_accepted[k-1]``: how many verify steps
+    reached / accepted draft position k (k = 1 .. B-1), as verified; P(k accepted | reached)
+    is their ratio. Times in seconds; decode excludes the prefill (the first token).
     """
 
     tokens: list[int]
@@ -303,6 +312,7 @@ class SpecResult:
     decode_time: float = 0.0
     draft_time: float = 0.0
     verify_time: float = 0.0
+    kept_lengths: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, block_size: int) -> SpecResult:
@@ -314,6 +324,12 @@ class SpecResult:
 
     @property
     def mean_tau(self) -> float:
+        """Tau: tokens committed per verify step (0 when the decode ended at the prefill)."""
+        return sum(self.kept_lengths) / max(1, len(self.kept_lengths))
+
+    @property
+    def verified_tau(self) -> float:
+        """Acceptance per step as verified, cut drafts included (the count before 2026-12-05)."""
         return sum(self.acceptance_lengths) / max(1, len(self.acceptance_lengths))
 
     @property
@@ -339,7 +355,7 @@ class GenResult:
 
 
 def record_step(result: SpecResult, accepted: int, num_draft: int) -> None:
-    """Per verify step: tau, and which draft positions were reached / accepted."""
+    """Per verify step: its acceptance as verified, and which draft positions were reached / accepted."""
     result.acceptance_lengths.append(accepted + 1)
     for k in range(min(accepted + 1, num_draft)):
         result.position_reached[k] += 1
@@ -376,9 +392,10 @@ class SpecLedger:
     def commit(self, drafts: list[int], accepted: int, next_token: int) -> list[int]:
         """Record a verify step that accepted ``drafts[:accepted]`` and chose ``next_token``;
         return the tokens it commits (cut at a stop token or the budget)."""
-        record_step(self.result, accepted, self.num_draft)
         new, self.finished = truncate(list(drafts[:accepted]) + [int(next_token)],
                                       self.max_new_tokens - len(self.generated), self.stop)
+        record_step(self.result, accepted, self.num_draft)
+        self.result.kept_lengths.append(len(new))
         self.generated += new
         return new
 

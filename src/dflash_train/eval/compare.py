@@ -3,7 +3,8 @@
 Two drafters evaluated on the same prompts differ mostly because prompts differ: some
 answers are easy to draft (lists, code, loops), some hard. Comparing per prompt removes
 that shared part. For each variant against a base this reports, over a chosen range of
-prompts, the mean tau of each (over all verify steps, as ``eval`` does), the mean
+prompts, the mean tau of each (kept tokens over all verify steps, as ``eval`` does; older reports
+are recounted the same way, ``eval/accounting.py``), the mean
 per-prompt difference with its standard error, and on how many prompts the variant wins.
 
     dflash-train compare base/eval.json lr2e-3/eval.json gamma4/eval.json \\
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dflash_train.cli_types import register_tool, tool_parser
+from dflash_train.eval.accounting import pooled_tau, prompt_tau
 from dflash_train.eval.flags import nonnegative_float
 from dflash_train.files import UserFacingError, atomic_write_text, read_text
 
@@ -86,9 +88,8 @@ def _is_prompt_result(entry) -> bool:
 
 
 def steps_tau(prompts: list[dict]) -> float:
-    """Mean acceptance length over all verify steps of these prompts (eval's ``mean_tau``)."""
-    lengths = [t for p in prompts for t in p["acceptance_lengths"]]
-    return sum(lengths) / len(lengths) if lengths else float("nan")
+    """Tau pooled over all verify steps of these prompts (eval's ``mean_tau``; kept tokens)."""
+    return pooled_tau(prompts)
 
 
 def compare(base: dict, variant: dict, name: str, span: tuple[int, int]) -> Paired:
@@ -97,7 +98,7 @@ def compare(base: dict, variant: dict, name: str, span: tuple[int, int]) -> Pair
     if len(b) != last - first or len(v) != len(b):
         raise ValueError(f"{name}: prompts {first + 1}-{last} not all present (base {len(base['prompts'])}, "
                          f"variant {len(variant['prompts'])})")
-    diffs = [y["tau"] - x["tau"] for x, y in zip(b, v)]
+    diffs = [prompt_tau(y) - prompt_tau(x) for x, y in zip(b, v)]
     n = len(diffs)
     mean = sum(diffs) / n
     var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0

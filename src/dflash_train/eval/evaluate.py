@@ -81,9 +81,18 @@ def _safe_div(a: float, b: float) -> float:
     return a / b if b else 0.0
 
 
+TAU_DEFINITION = ("tokens committed / target verify steps: the prefill's token is not a step, a step cut by a "
+                  "stop token or max_new_tokens counts what it kept; mean_tau pools the steps of all prompts, "
+                  "mean_tau_per_prompt averages each prompt's own")
+
+
 def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size: int) -> dict:
-    """Aggregate statistics (mean tau over all verify steps of all prompts, etc.)."""
+    """Aggregate statistics: tau pooled over all verify steps of all prompts and averaged over
+    prompts (:data:`TAU_DEFINITION`), the histogram and per-position rates of the acceptance as
+    verified, times."""
     taus = [t for r in spec for t in r.acceptance_lengths]
+    kept = sum(sum(r.kept_lengths) for r in spec)
+    stepped = [r for r in spec if r.kept_lengths]
     hist = {str(k): 0 for k in range(1, block_size + 1)}
     for t in taus:
         hist[str(t)] = hist.get(str(t), 0) + 1
@@ -95,7 +104,10 @@ def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size:
         "num_prompts": len(spec),
         "block_size": block_size,
         "num_verify_steps": len(taus),
-        "mean_tau": _safe_div(sum(taus), len(taus)),
+        "mean_tau": _safe_div(kept, len(taus)),
+        "mean_tau_per_prompt": _safe_div(sum(r.mean_tau for r in stepped), len(stepped)),
+        "tau_definition": TAU_DEFINITION,
+        "verified_tau": _safe_div(sum(taus), len(taus)),
         "tau_per_prompt": [r.mean_tau for r in spec],
         "acceptance_histogram": hist,
         "per_position_reached": reached,
@@ -321,7 +333,8 @@ def _report(target, prompts, spec, plain, verdicts, opts: EvalOptions, run: _Set
     report["lossless"] = _lossless(verdicts, run.tolerance) if run.lossless_check else {"checked": False, "ok": None}
     report["prompts"] = [
         {"prompt_tokens": int(p.shape[1]), "new_tokens": len(s.tokens), "tau": s.mean_tau,
-         "acceptance_lengths": s.acceptance_lengths, "spec_decode_tokens_per_s": s.decode_tokens_per_s,
+         "kept_lengths": s.kept_lengths, "acceptance_lengths": s.acceptance_lengths,
+         "spec_decode_tokens_per_s": s.decode_tokens_per_s,
          **({"target_decode_tokens_per_s": g.decode_tokens_per_s} if plain is not None else {})}
         for p, s, g in zip(prompts, spec, plain if plain is not None else [None] * len(spec))
     ]
@@ -347,7 +360,8 @@ def format_table(report: dict) -> str:
         ("prompts", str(report["num_prompts"])),
         ("block size", str(report["block_size"])),
         ("verify steps", str(report["num_verify_steps"])),
-        ("mean tau", fmt(report["mean_tau"], ".3f")),
+        ("tau (kept tokens / verify step)", f"{fmt(report['mean_tau'], '.3f')} pooled over steps, "
+                                            f"{fmt(report.get('mean_tau_per_prompt'), '.3f')} per-prompt mean"),
         ("tau per prompt (min/max)", f"{fmt(min(report['tau_per_prompt']))} / {fmt(max(report['tau_per_prompt']))}"),
         ("spec decode tok/s", fmt(report["spec_decode_tokens_per_s"], ".1f")),
         ("target decode tok/s", fmt(report.get("target_decode_tokens_per_s"), ".1f")),

@@ -260,7 +260,8 @@ def replay(target, drafter, prompts: list[torch.Tensor], continuations: list[lis
     report.update({"engine": "replay-batched" if batched else "replay", "max_new_tokens": max_new_tokens, "temperature": 0.0,
                    "stop_token_ids": sorted(stop), "lossless": {"checked": False, "ok": None},
                    "prompts": [{"prompt_tokens": int(torch.as_tensor(p).numel()), "new_tokens": len(r.tokens),
-                                "tau": r.mean_tau, "acceptance_lengths": r.acceptance_lengths}
+                                "tau": r.mean_tau, "kept_lengths": r.kept_lengths,
+                                "acceptance_lengths": r.acceptance_lengths}
                                for p, r in zip(prompts, results)]})
     return report
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from dflash_train.cli_types import fraction, nonneg_float, nonneg_int, positive_float, positive_int
 from dflash_train.data.builders.offline_data import write_jsonl
+from dflash_train.data.decontaminate import EvalPrompts, content_words, is_near  # noqa: F401 (re-exported)
+from dflash_train.data.decontaminate import normalize_text as normalize
 from dflash_train.files import read_text
 
 TOPICS = [
@@ -159,11 +161,6 @@ _BAD_START = re.compile(r"^(?:sure|certainly|of course|okay|ok|here|i'm sorry|i 
 _QUOTES = "\"'“”‘’`*"
 
 
-def normalize(text: str) -> str:
-    """Lowercased words separated by single spaces: the key for dedup and held-out matching."""
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
-
-
 def clean_prompt(text: str, min_chars: int = 12, max_chars: int = 300) -> str | None:
     """The first useful line of a model-written prompt, stripped of quotes and labels; None if unusable."""
     for line in text.replace("\r", "\n").split("\n"):
@@ -193,58 +190,22 @@ def load_heldout(path: str | Path | None = None) -> list[str]:
     return [line.strip() for text in texts for line in text.splitlines() if line.strip()]
 
 
-_STOPWORD_TEXT = """
-a an the and or but if of to in on at for with from by about as into over under is are was were be been
-being am do does did done have has had i me my you your we our it its this that these those what which who
-whom whose why how when where can could should would will shall may might must please give tell show
-write explain some any few more most very so than then there here also just one two three difference
-differences between"""
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
-
-
-def content_words(text: str) -> frozenset[str]:
-    """The normalized words of ``text`` that carry its subject: what a paraphrase keeps."""
-    return frozenset(w for w in normalize(text).split() if w not in _STOPWORDS)
-
-
-def is_near(words: frozenset[str], other: frozenset[str], jaccard: float = 0.6) -> bool:
-    """Whether two prompts ask about the same thing: their content words mostly agree (Jaccard at
-    least ``jaccard``), or all of ``other``'s (three or more) occur in ``words``. Templated prompts
-    can land on a paraphrase of a never-trained prompt ("Why is photosynthesis important?" against
-    "What is photosynthesis and why is it important?"), whose answer would then be trained on."""
-    if not words or not other:
-        return False
-    shared = len(words & other)
-    return shared / len(words | other) >= jaccard or (len(other) >= 3 and shared == len(other))
-
-
 class PromptSet:
     """Ordered, deduplicated by normalized text, refusing anything equal, containing or near
     (``is_near``) to a held-out prompt."""
 
     def __init__(self, heldout: Iterable[str] = ()):
-        self.heldout = [h for h in (normalize(x) for x in heldout) if h]
-        self._heldout_words = [content_words(h) for h in self.heldout]
-        self._by_word: dict[str, list[int]] = {}
-        for i, words in enumerate(self._heldout_words):
-            for w in words:
-                self._by_word.setdefault(w, []).append(i)
+        self.never_trained = EvalPrompts(heldout)
         self.seen: set[str] = set()
         self.items: list[dict] = []
         self.rejected = {"duplicate": 0, "heldout": 0, "near_heldout": 0, "empty": 0}
 
     def is_heldout(self, text: str) -> bool:
-        norm = normalize(text)
-        padded = f" {norm} "
-        return any(norm == h or f" {h} " in padded for h in self.heldout)
+        return self.never_trained.contained(text) is not None
 
     def near_heldout(self, text: str) -> str | None:
         """The held-out prompt (normalized) that ``text`` paraphrases, if any."""
-        words = content_words(text)
-        for i in sorted({i for w in words for i in self._by_word.get(w, ())}):
-            if is_near(words, self._heldout_words[i]):
-                return self.heldout[i]
-        return None
+        return self.never_trained.near(text)
 
     def add(self, text: str, source: str) -> bool:
         norm = normalize(text)
