@@ -180,3 +180,17 @@ def test_config_help_lists_the_keys(capsys):
         main(["config", "--help"])
     assert stop.value.code == 0
     assert ref.keys_epilog() in capsys.readouterr().out
+
+
+def test_the_kinds_table_lists_every_registered_kind_and_its_settings():
+    """docs/config.md's kinds table comes from the registries: a new kind's file shows up in it."""
+    from dflash_train.models.kinds import get_kind, kind_names
+    from dflash_train.objective.kinds import terms_of
+
+    rows = {line.split("|")[1].strip(): line for line in ref.kinds_markdown().splitlines()
+            if line.startswith("| ") and "`" in line.split("|")[2]}
+    assert sorted(rows) == sorted(kind_names())
+    for name in kind_names():
+        assert f"`{get_kind(name).architecture}`" in rows[name]
+        for key in [*get_kind(name).options, *terms_of(name).options]:
+            assert f"`{key}: " in rows[name], (name, key)

@@ -65,8 +65,9 @@ def tiny_chat_target(tokenizer_path):
     return Target(model, tokenizer)
 
 
-def tiny_chat_job(tmp_path, **train_overrides) -> dict:
-    """A complete job config (dict) training a 1-layer B=4 drafter on ``write_chat_data``."""
+def tiny_chat_job(tmp_path, objective: dict | None = None, **train_overrides) -> dict:
+    """A complete job config (dict) training a 1-layer B=4 drafter on ``write_chat_data``
+    (``objective``: the ``objective:`` section, default the paper's)."""
     from pathlib import Path
 
     tmp_path = Path(tmp_path)
@@ -80,6 +81,7 @@ def tiny_chat_job(tmp_path, **train_overrides) -> dict:
         "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
         "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
                   "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
+        "objective": dict(objective or {}),
     }
 
 

@@ -24,8 +24,7 @@ from torch import device as torch_device
 from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
-from dflash_train.objective.blocks import check_loss_positions
-from dflash_train.objective.loss import OUT_OF_TOPK
+from dflash_train.objective.config import ObjectiveConfig
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -132,22 +131,6 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     num_anchors: int = 512  # blocks sampled per row of a micro-batch
     anchors: str = "random"  # "random" (paper) or "uniform" (ablation: fixed blocks)
-    gamma: float | None = None  # loss decay; None -> paper value for the block size
-    # Only block positions 1..K carry the loss (null: all B - 1, the paper's). A drafter that accepts ~2
-    # tokens a step almost never reaches position 9 (SmolLM2: 13 of 2,037 verify steps accepted more than 8), yet
-    # every position costs an lm_head product over the whole vocabulary; later positions still run
-    # through the drafter's layers (the block attends to itself), they just get no label.
-    loss_positions: int | None = None
-    # Multiply each position's loss weight by the drafter's own (detached) probability that greedy
-    # verification reaches it: the product of its probabilities of the labels at the block's earlier
-    # positions (objective/loss.py). Positions after a likely miss, which tau never uses, then teach less.
-    reach_weighting: bool = False
-    # "ce" (the decayed CE above) or "dpace" (D-PACE's confidence weights replace the decay; objective/loss._dpace)
-    objective: str = "ce"
-    dpace_alpha: float = 0.5  # D-PACE's floor on each position's acceptance factor, in [0, 1]
-    # DFlash2: where the label is not among the top-k candidates, "inject" the label as a candidate or
-    # "exclude" the row from the selector CE (objective/loss.selector_ce: inject measured better on an H200)
-    selector_out_of_topk: str = OUT_OF_TOPK[0]
     device: str = "auto"  # auto (cuda if available, else cpu), cpu, cuda or cuda:N
     attention: str = "auto"  # auto: flex on CUDA, sdpa (dense mask) elsewhere
     compile: bool = True  # torch.compile the drafter layers and the loss chunks (CUDA only)
@@ -159,11 +142,10 @@ class TrainConfig:
     cuda_graphs: bool = True
     # CUDA only: replay the drafter's whole step (forward, loss, backward, clipping, fused AdamW) as one
     # CUDA graph after two eager steps (train/cuda_graphs.GraphedStep). One process, one micro-batch
-    # per step, no distillation; other set-ups, a capture failure or another batch shape run eagerly.
+    # per step, no kl/tv objective target; other set-ups, a capture failure or another batch shape run eagerly.
     cuda_graph_step: bool = True
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
-    loss_chunk_size: int = 4096  # tokens per lm_head + cross-entropy chunk (full logits are never materialized)
     log_every: int = 10  # steps between metric lines
     tensorboard: bool = True  # also write TensorBoard events in the run folder
     progress: bool = True  # a progress bar on the terminal
@@ -178,9 +160,6 @@ class TrainConfig:
     # "target": drafter layer i starts as target layer L - N + i, the final norm as the target's
     # (models/target_init.py); "random": the usual init. A resumed run loads its checkpoint over it.
     drafter_init: str = "random"
-    # > 0: the loss target at each label is (1 - distill) * onehot(label) + distill * the target's own
-    # next-token distribution there (objective/loss.py); the target then runs all its layers. 0: plain CE.
-    distill: float = 0.0
     # "device" / "cpu": keep every conversation's target features after its first epoch (on the training
     # device / in host memory) and skip the target forward when a micro-batch is all cached
     # (train/features.py, SampleFeatureCache: exact, memory = dataset tokens x feature width); "off": recompute
@@ -201,7 +180,6 @@ class TrainConfig:
     def validate(self) -> None:
         self._validate_lengths()
         self._validate_choices()
-        self._validate_objective()
         self._validate_feature_cache()
         for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
             if not isinstance(getattr(self, name), bool):
@@ -214,7 +192,7 @@ class TrainConfig:
             raise ValueError("train.epochs must be > 0 (or set train.max_steps)")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"train.max_steps must be >= 1, got {self.max_steps}")
-        for name in ("grad_accum", "num_anchors", "log_every", "loss_chunk_size", "keep_last"):
+        for name in ("grad_accum", "num_anchors", "log_every", "keep_last"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("save_every_steps", "save_every_minutes", "max_bad_steps"):
@@ -242,29 +220,6 @@ class TrainConfig:
             raise ValueError("train.drafter_init=target and train.init_from both set the drafter's weights; "
                              "choose one")
 
-    def _validate_objective(self) -> None:
-        """The loss: its decay and positions, the weightings and which combine."""
-        if self.gamma is not None and self.gamma <= 0:
-            raise ValueError(f"train.gamma must be > 0, got {self.gamma}")
-        lp = self.loss_positions
-        if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or lp < 1):
-            raise ValueError(f"train.loss_positions must be a positive integer or null (all), got {lp!r}")
-        if not isinstance(self.reach_weighting, bool):
-            raise ValueError(f"train.reach_weighting must be true or false, got {self.reach_weighting!r}")
-        if not 0 <= self.distill <= 1:
-            raise ValueError(f"train.distill must be in [0, 1] (0: off), got {self.distill}")
-        if self.reach_weighting and self.distill > 0:
-            raise ValueError("train.reach_weighting does not combine with train.distill > 0 (soft targets)")
-        if self.objective not in ("ce", "dpace"):
-            raise ValueError(f"train.objective must be 'ce' or 'dpace', got {self.objective!r}")
-        if self.objective == "dpace" and (self.reach_weighting or self.distill > 0):
-            raise ValueError("train.objective=dpace combines with neither train.reach_weighting nor train.distill")
-        if not 0 <= self.dpace_alpha <= 1:
-            raise ValueError(f"train.dpace_alpha must be in [0, 1], got {self.dpace_alpha}")
-        if self.selector_out_of_topk not in OUT_OF_TOPK:
-            raise ValueError(f"train.selector_out_of_topk must be one of {list(OUT_OF_TOPK)}, "
-                             f"got {self.selector_out_of_topk!r}")
-
     def _validate_feature_cache(self) -> None:
         if self.feature_cache not in ("off", "device", "cpu"):
             raise ValueError(f"train.feature_cache must be off, device or cpu, got {self.feature_cache!r}")
@@ -274,9 +229,6 @@ class TrainConfig:
                                  f"it has no use with feature_cache={self.feature_cache}")
             if not self.feature_cache_gib >= 0:
                 raise ValueError(f"train.feature_cache_gib must be >= 0, got {self.feature_cache_gib}")
-        if self.feature_cache != "off" and self.distill > 0:
-            raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
-                             "final hidden states at every step: use one or the other")
 
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,
@@ -317,6 +269,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def validate(self) -> None:
@@ -330,7 +283,11 @@ class JobConfig:
             raise ValueError(
                 f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
             )
-        check_loss_positions(self.train.loss_positions, self.drafter.block_size)
+        self.objective.validate()
+        self.objective.validate_with(self.drafter.block_size, self.drafter.kind)
+        if self.train.feature_cache != "off" and self.objective.needs_target_distribution:
+            raise ValueError("train.feature_cache stores features only; objective.targets kl/tv also need the "
+                             "target's final hidden states at every step: use one or the other")
         if self.train.attention == "flex" and self.train.device == "cpu":
             raise ValueError("train.attention=flex has no CPU backward; use train.attention=sdpa on CPU")
         self.eval.validate()
@@ -342,9 +299,33 @@ class JobConfig:
 SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
 
 
+def _moved_keys() -> dict[tuple[str, str], str]:
+    """Keys that moved, by (section, key): each kind's settings into ``drafter.options``."""
+    from dflash_train.models.kinds import KINDS
+
+    moved = {("drafter", name): f"drafter.options.{name} (with drafter.kind={kind.name})"
+             for kind in KINDS.values() for name in kind.options}
+    return {**moved, **{("train", old): new for old, new in _MOVED_TO_OBJECTIVE.items()}}
+
+
+_MOVED_TO_OBJECTIVE = {  # the loss's keys, once in train, now the objective section's
+    "gamma": "objective.gamma", "loss_positions": "objective.loss_positions", "dpace_alpha": "objective.dpace_alpha",
+    "loss_chunk_size": "objective.chunk_size", "reach_weighting": "objective.weighting: reach",
+    "objective": "objective.weighting (ce: decay, dpace: dpace)",
+    "selector_out_of_topk": "objective.kind.selector_out_of_topk (with drafter.kind=dflash2)",
+    "distill": "objective.targets: train.distill=d is {ce: 1 - d, kl: d}",
+}
+
+
+MOVED = _moved_keys()
+
+
 def _build(cls, data: dict[str, Any], where: str):
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(k) for k in set(data) - set(known))
+    moved = [f"{where}.{k} is now {MOVED[where, k]}" for k in unknown if (where, k) in MOVED]
+    if moved:
+        raise ValueError("; ".join(moved))
     if unknown:
         raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
     kwargs = {}
@@ -415,7 +396,7 @@ def _coerce_number(value: Any, annotation: str, key: str) -> Any:
 
 def config_from_dict(data: dict[str, Any]) -> JobConfig:
     sections = {"target": TargetConfig, "drafter": DrafterConfig, "data": DataConfig, "optim": OptimConfig,
-                "train": TrainConfig, "eval": EvalConfig}
+                "train": TrainConfig, "objective": ObjectiveConfig, "eval": EvalConfig}
     unknown = sorted(str(k) for k in set(data) - set(sections))
     if unknown:
         raise ValueError(f"unknown config section(s) {unknown}; known: {sorted(sections)}")
@@ -479,17 +460,22 @@ def read_config_file(path_or_recipe: str) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``section.key=value`` pairs; values parse as YAML (numbers, lists, null, bools)."""
+    """``section.key=value`` pairs (``section.key.inner=value`` for a mapping such as
+    ``drafter.options``); values parse as YAML (numbers, lists, null, bools)."""
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ValueError(f"override {item!r} must look like section.key=value (e.g. train.max_steps=100)")
         dotted, raw = item.split("=", 1)
-        section, key = dotted.split(".", 1)
-        data.setdefault(section, {})
-        if not isinstance(data[section], dict):
+        section, *inner, key = dotted.split(".")
+        place = data.setdefault(section, {})
+        if not isinstance(place, dict):
             raise ValueError(f"override {item!r}: {section} is not a section")
+        for name in inner:  # a mapping inside a section: drafter.options.selector_top_k=8
+            place = place.setdefault(name, {})
+            if not isinstance(place, dict):
+                raise ValueError(f"override {item!r}: {name} does not hold keys")
         try:
-            data[section][key] = yaml.safe_load(raw)
+            place[key] = yaml.safe_load(raw)
         except (ValueError, yaml.YAMLError) as err:
             raise ValueError(f"override {item!r}: the value is not valid YAML ({' '.join(str(err).split())}); "
                              f"quote it, e.g. {dotted}='\"...\"'") from None

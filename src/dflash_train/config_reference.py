@@ -196,7 +196,9 @@ SECTION_INTROS = {
                "resolved values.",
     "data": "The training conversations and how they are tokenized, filtered, cached and batched.",
     "optim": "The optimizer and its learning-rate schedule (linear warmup, then cosine decay).",
-    "train": "The training loop: length, loss, speed features, logging, checkpoints and resuming.",
+    "train": "The training loop: length, speed features, logging, checkpoints and resuming.",
+    "objective": "What the drafter is trained to minimize: how block positions are weighted, what each position "
+                 "is trained towards (the label, the target's own distribution), and the drafter kind's own terms.",
 }
 
 
@@ -218,7 +220,8 @@ INTRO = """\
 A job config is a YAML (or JSON) file with these sections: {sections}. A recipe (`cpu-demo`,
 `smollm2-1gpu`, ...) is such a file shipped with the package. Any key can be overridden on the
 command line as `section.key=value`; the value parses as YAML (`train.max_steps=100`,
-`data.paths=[a.jsonl,b.jsonl]`, `train.gamma=null`). Unknown keys are refused.
+`data.paths=[a.jsonl,b.jsonl]`, `objective.gamma=null`; a key inside a mapping as
+`drafter.options.selector_top_k=8`). Unknown keys are refused.
 
 `dflash-train config RECIPE_OR_FILE [overrides...]` prints the config a run would use: every key,
 after the overrides, validated. Its output is itself a config file.
@@ -240,11 +243,35 @@ def section_markdown(name: str, cls: type) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kinds_markdown() -> str:
+    """The drafter kinds' table, from their registries: what ``drafter.kind`` takes, and each kind's
+    ``drafter.options`` and ``objective.kind`` settings with their defaults."""
+    import json
+
+    from dflash_train.models.kinds import get_kind, kind_names
+    from dflash_train.objective.kinds import terms_of
+
+    def settings(values: dict) -> str:
+        return ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in values.items()) or "none"
+
+    lines = ["## Drafter kinds", "",
+             "What `drafter.kind` takes (each kind's network is `models/kinds/<kind>.py`, its training terms "
+             "`objective/kinds/<kind>.py`, its decoder's chooser `decoding/choosers/<kind>.py`), and its settings "
+             "with their defaults.", "",
+             "| kind | served as | `drafter.options` | `objective.kind` |", "|---|---|---|---|"]
+    for name in kind_names():
+        kind = get_kind(name)
+        lines.append(f"| {name} | `{kind.architecture}` | {settings(kind.options)} | "
+                     f"{settings(terms_of(name).options)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown() -> str:
     """The whole reference (``docs/config.md``)."""
     names = ", ".join(f"`{name}`" for name, _ in sections())
     parts = [INTRO.format(regenerate=REGENERATE, sections=names)]
     parts += [section_markdown(name, cls) for name, cls in sections()]
+    parts.append(kinds_markdown())
     return "\n".join(parts)
 
 

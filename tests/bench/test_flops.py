@@ -66,6 +66,7 @@ def test_flop_counter_agrees_on_tiny_model():
 
     from dflash_train.models.attention import build_masks
     from dflash_train.models.target import Target
+    from dflash_train.objective.config import ObjectiveConfig
     from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 
     target = Target(tiny_qwen3(num_layers=6))
@@ -77,7 +78,7 @@ def test_flop_counter_agrees_on_tiny_model():
     input_ids = torch.randint(0, 128, (1, seq), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.ones(1, seq, dtype=torch.long)
     # the fused loss computes the lm_head input gradient in its forward: no recompute to see
-    opts = ObjectiveOptions(block_size=block, mask_token_id=cfg.mask_token_id, gamma=4.0)
+    opts = ObjectiveOptions(block, cfg.mask_token_id, ObjectiveConfig(gamma=4.0))
     blocks = make_blocks(input_ids, loss_mask, anchors, keep, opts)
 
     with sdpa_kernel(SDPBackend.MATH):  # attention as plain bmm, which the counter counts
@@ -86,7 +87,7 @@ def test_flop_counter_agrees_on_tiny_model():
         target_counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
         with FlopCounterMode(display=False) as counter:
             out = drafter_loss(drafter, target.embed_tokens, target.lm_head_weight, features, blocks, opts)
-            (out.weighted_ce / out.weight_sum).backward()
+            (out.weighted_ce / blocks.weights.sum()).backward()
         drafter_counts = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
 
     mean_anchor = anchors.float().mean().item()

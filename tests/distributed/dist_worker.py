@@ -119,13 +119,14 @@ def main() -> None:
         eager_split.install()
     if os.environ.get("SLOW"):
         install_slow(os.environ["SLOW"])
-    extra, data = {}, {}
+    extra, sections = {}, {"data": {}, "objective": {}}
     for item in overrides:
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
-        (data if section == "data" else extra)[name] = yaml.safe_load(value)
+        sections.get(section, extra)[name] = yaml.safe_load(value)
     cfg = job(Path(folder), grad_accum=int(accum), max_steps=int(steps), **extra)
-    cfg["data"].update(data)
+    for section, keys in sections.items():
+        cfg[section].update(keys)
     cfg = config_from_dict(cfg)
     summary = run(cfg, target=tiny_target, target_ranks=int(targets), drafter_ranks=int(drafters))
     print(f"EXITED rank {os.environ['RANK']} steps {summary.get('steps')}", flush=True)

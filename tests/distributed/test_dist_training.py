@@ -110,16 +110,17 @@ def test_colocated_fsdp_drafter_init_from_target_matches_one_process(tmp_path, r
 
 
 def test_colocated_distill_matches_one_process(tmp_path, reference):
-    """train.distill through the colocated feature source (TimedFeatures over LocalFeatures),
-    the target's layers sharded: the same losses as one process."""
+    """A kl target (the target's own distribution) through the colocated feature source
+    (TimedFeatures over LocalFeatures), the target's layers sharded: the same losses as one process."""
     single = tmp_path / "single"
-    train(config_from_dict(job(single, grad_accum=2, max_steps=STEPS, distill=0.5)), target=tiny_target(),
-          echo=lambda *a: None)
+    config = job(single, grad_accum=2, max_steps=STEPS)
+    config["objective"]["targets"] = {"ce": 0.5, "kl": 0.5}
+    train(config_from_dict(config), target=tiny_target(), echo=lambda *a: None)
     soft = losses(single / "run")
     assert soft[0] != reference[0]  # the soft targets change the first loss: the match below is not trivial
     (tmp_path / "dist").mkdir()
     run_matching(tmp_path / "dist", soft, 2, "0", "0", "1", str(STEPS), "train.fsdp_target=true",
-                 "train.distill=0.5")
+                 "objective.targets={ce: 0.5, kl: 0.5}")
 
 
 def test_killed_rank_ends_the_job_quickly_and_names_it(tmp_path):

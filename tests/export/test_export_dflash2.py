@@ -10,11 +10,11 @@ from safetensors import safe_open
 from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.export.serving import export_drafter, load_drafter_folder, serving_tensor_names
-from dflash_train.models.drafter import selector_walk
+from dflash_train.models.kinds.dflash2 import selector_walk
 from dflash_train.models.target import Target
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-DFLASH2 = dict(kind="dflash2", conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=5)
+DFLASH2 = dict(kind="dflash2", options=dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=5))
 
 
 def _trained_like(target):
@@ -59,7 +59,7 @@ def test_round_trip_ours_and_automodel(tmp_path):
     drafter, cfg = _trained_like(target)
     out = export_drafter(drafter, cfg, tmp_path / "e", dtype=torch.float32)
     loaded, cfg2 = load_drafter_folder(out, target)
-    assert cfg2.kind == "dflash2" and cfg2.selector_top_k == 5 and cfg2.conv_group_size == 16
+    assert cfg2.kind == "dflash2" and cfg2.options["selector_top_k"] == 5 and cfg2.options["conv_group_size"] == 16
     args = _inputs(cfg)
     with torch.no_grad():
         want = drafter(*args)

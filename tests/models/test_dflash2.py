@@ -7,8 +7,11 @@ import torch
 from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-from dflash_train.models.drafter import DFlashDrafter, grouped_causal_conv, selector_walk
+from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.models.kinds.dflash2 import grouped_causal_conv, selector_walk
 from dflash_train.models.target import Target
+
+OPTIONS = {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 5}
 
 B = 4
 
@@ -20,13 +23,12 @@ def target():
 
 def _dflash2(target, perturb=True, **kw):
     kw.setdefault("target_layer_ids", [0, 2])
-    return tiny_drafter(target, num_layers=2, block_size=B, kind="dflash2", conv_group_size=16,
-                        selector_rank=8, selector_top_k=5, **kw) if perturb else _fresh(target, **kw)
+    return tiny_drafter(target, num_layers=2, block_size=B, kind="dflash2", options=OPTIONS,
+                        **kw) if perturb else _fresh(target, **kw)
 
 
 def _fresh(target, **kw):
-    cfg = DrafterConfig(num_hidden_layers=2, block_size=B, kind="dflash2", conv_group_size=16, selector_rank=8,
-                        selector_top_k=5, **kw)
+    cfg = DrafterConfig(num_hidden_layers=2, block_size=B, kind="dflash2", options=OPTIONS, **kw)
     cfg = resolve_drafter_config(cfg, target.facts, mask_token_id=target.facts.vocab_size - 1)
     return DFlashDrafter(cfg), cfg
 
@@ -46,10 +48,12 @@ def _inputs(blocks=3, seq=7, seed=1, h=64, n=2):
 def test_config_validation():
     with pytest.raises(ValueError, match="drafter.kind"):
         DrafterConfig(kind="dflash3").validate()
-    with pytest.raises(ValueError, match="conv_group_size"):
-        DrafterConfig(kind="dflash2", hidden_size=60, conv_group_size=16).validate()
-    with pytest.raises(ValueError, match="selector_top_k"):
-        DrafterConfig(kind="dflash2", selector_top_k=0).validate()
+    with pytest.raises(ValueError, match="drafter.options.conv_group_size"):
+        DrafterConfig(kind="dflash2", hidden_size=60, options={"conv_group_size": 16}).validate()
+    with pytest.raises(ValueError, match="drafter.options.selector_top_k"):
+        DrafterConfig(kind="dflash2", options={"selector_top_k": 0}).validate()
+    with pytest.raises(ValueError, match="not options of drafter.kind=dflash2"):
+        DrafterConfig(kind="dflash2", options={"markov_rank": 8}).validate()
 
 
 def test_identity_initialized_dflash2_equals_dflash(target):

@@ -1,7 +1,7 @@
 """Speculative decoding with a DFlash2 drafter is lossless in every engine.
 
 The drafter's selector is perturbed so that its walk leaves DFlash's per-slot argmax (checked):
-the engines must then draft the walk's path (``decoding/core.SelectorChooser``), and greedy
+the engines must then draft the walk's path (``decoding/choosers/dflash2.SelectorChooser``), and greedy
 output must still equal plain greedy decoding, token for token.
 """
 
@@ -11,16 +11,17 @@ import pytest
 import torch
 from testkit import tiny_drafter, tiny_qwen3
 
-from dflash_train.decoding.core import SelectorChooser, block_chooser
+from dflash_train.decoding.choosers.dflash2 import SelectorChooser
+from dflash_train.decoding.core import block_chooser
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.decoding.static import StaticDecoder
-from dflash_train.models.drafter import selector_walk
+from dflash_train.models.kinds.dflash2 import selector_walk
 from dflash_train.models.target import Target
 
 
 def _dflash2(target):
     drafter, _ = tiny_drafter(target, num_layers=2, block_size=4, target_layer_ids=[0, 2], kind="dflash2",
-                              conv_group_size=16, selector_rank=8, selector_top_k=5)
+                              options={"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 5})
     with torch.no_grad():
         for name, p in drafter.named_parameters():
             if "candidate_selector" in name or "conv" in name:

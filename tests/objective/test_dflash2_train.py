@@ -12,7 +12,7 @@ from dflash_train.config import config_from_dict
 from dflash_train.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
-DFLASH2 = {"kind": "dflash2", "conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8}
+DFLASH2 = {"kind": "dflash2", "options": {"conv_group_size": 16, "selector_rank": 16, "selector_top_k": 8}}
 
 
 def _job(tmp_path, **train):

@@ -1,6 +1,7 @@
-"""Distillation toward the target's own distribution (train.distill): the chunked soft-target
-loss against a full-logits reference, and the soft target's source position against a plain
-HF forward."""
+"""Distillation toward the target's own distribution (``objective.targets``: kl, tv, mixed with ce):
+the chunked loss and its gradient against full-logits references written term by term, the old
+soft-target CE as the gradient of {ce, kl}, and the target's source position against a plain HF
+forward."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ from dflash_train.objective.blocks import build_blocks, decay_weights, predictin
 from dflash_train.objective.loss import LossOptions, dflash_loss, reference_loss
 
 
-def soft_reference(hidden, lm_head, labels, weights, target_hidden, distill):
-    """sum_i w_i * -(q_i * log_softmax(z_i)).sum() / sum w, all logits at once (positions 1..B-1)."""
+def full_reference(hidden, lm_head, labels, weights, target_hidden, targets):
+    """sum_i w_i * sum_t c_t term_t(i) / sum w, every logit at once (positions 1..B-1), each term
+    by its textbook formula."""
     z = (hidden[:, :, 1:] @ lm_head.t()).float()
-    onehot = torch.nn.functional.one_hot(labels[..., 1:], lm_head.shape[0]).to(z.dtype)
-    q = (1 - distill) * onehot + distill * torch.softmax((target_hidden @ lm_head.t()).float(), dim=-1)
-    ce = -(q * torch.log_softmax(z, dim=-1)).sum(-1)
+    log_q = torch.log_softmax(z, dim=-1)
+    q = log_q.exp()
+    p = torch.softmax((target_hidden @ lm_head.t()).float(), dim=-1)
+    terms = {"ce": -log_q.gather(-1, labels[..., 1:, None])[..., 0],
+             "kl": (p * (p.log() - log_q)).sum(-1),
+             "tv": 0.5 * (p - q).abs().sum(-1)}
+    loss = sum(c * terms[name] for name, c in targets)
     w = weights[..., 1:]
-    return (ce * w).sum() / w.sum()
+    return (loss * w).sum() / w.sum()
 
 
 def random_case(seed=0):
@@ -34,30 +40,58 @@ def random_case(seed=0):
     return h, head, labels, weights, valid, target_hidden
 
 
+MIXES = [(("ce", 1.0),), (("ce", 0.5), ("kl", 0.5)), (("kl", 1.0),), (("tv", 1.0),), (("ce", 0.1), ("tv", 0.9))]
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
-def test_chunked_soft_loss_and_gradient_equal_full_logits_reference(distill, compiled):
+@pytest.mark.parametrize("targets", MIXES, ids=lambda t: "+".join(f"{n}{c:g}" for n, c in t))
+def test_chunked_loss_and_gradient_equal_full_logits_reference(targets, compiled):
     h, head, labels, weights, valid, target_hidden = random_case()
     rows, num_blocks, block = labels.shape
     h = h.requires_grad_()
-    out = dflash_loss(h, head, labels, weights, valid, LossOptions(chunk_size=7, distill=distill, compiled=compiled),
-                      target_hidden)
-    loss = out.weighted_ce / out.weight_sum
+    needs = any(name != "ce" for name, _ in targets)
+    out = dflash_loss(h, head, labels, weights, valid, LossOptions(chunk_size=7, targets=targets, compiled=compiled),
+                      target_hidden if needs else None)
+    loss = out.weighted_ce / weights[..., 1:].sum()
     (grad,) = torch.autograd.grad(loss, h)
     h_ref = h.detach().clone().requires_grad_()
-    ref = soft_reference(h_ref.view(rows, num_blocks, block, -1), head, labels, weights, target_hidden, distill)
+    ref = full_reference(h_ref.view(rows, num_blocks, block, -1), head, labels, weights, target_hidden, targets)
     (grad_ref,) = torch.autograd.grad(ref, h_ref)
     torch.testing.assert_close(loss.double(), ref)
     torch.testing.assert_close(grad, grad_ref)
-    if distill == 0:  # the soft path at distill 0 is today's hard-label CE
+    if not needs:  # the plain path is the unchunked label CE
         plain = reference_loss(h.detach().view(rows, num_blocks, block, -1), head, labels, weights, valid)
         torch.testing.assert_close(loss.double(), plain)
-    else:  # and the target's distribution does move it
-        plain = dflash_loss(h.detach(), head, labels, weights, valid, LossOptions(chunk_size=7))
-        assert not torch.allclose(loss.double(), plain.weighted_ce / plain.weight_sum)
     # accuracy stays against the hard labels
     argmax = (h.detach().view(rows, num_blocks, block, -1) @ head.t()).argmax(-1)
     assert torch.equal(out.correct, (argmax == labels)[..., 1:] & valid[..., 1:])
+
+
+def test_the_old_soft_target_ce_has_the_gradient_of_ce_plus_kl():
+    """train.distill=d (the CE toward (1 - d) onehot + d p) moved to {ce: 1 - d, kl: d}: equal
+    gradients (the losses differ by d times the target's entropy, a constant)."""
+    h, head, labels, weights, valid, target_hidden = random_case(1)
+    rows, num_blocks, block = labels.shape
+    d = 0.3
+    h = h.requires_grad_()
+    out = dflash_loss(h, head, labels, weights, valid, LossOptions(7, targets=(("ce", 1 - d), ("kl", d))),
+                      target_hidden)
+    (grad,) = torch.autograd.grad(out.weighted_ce, h)
+    h_ref = h.detach().clone().requires_grad_()
+    z = (h_ref.view(rows, num_blocks, block, -1)[:, :, 1:] @ head.t())
+    soft = (1 - d) * torch.nn.functional.one_hot(labels[..., 1:], head.shape[0]).double() + \
+        d * torch.softmax(target_hidden @ head.t(), -1)
+    soft_ce = (-(soft * torch.log_softmax(z, -1)).sum(-1) * weights[..., 1:]).sum()
+    (grad_ref,) = torch.autograd.grad(soft_ce, h_ref)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-4, atol=1e-5)  # the chunks' logits are float32
+
+
+def test_a_mismatched_target_input_is_refused():
+    h, head, labels, weights, valid, target_hidden = random_case()
+    with pytest.raises(ValueError, match="kl/tv need"):
+        dflash_loss(h, head, labels, weights, valid, LossOptions(7, targets=(("kl", 1.0),)))
+    with pytest.raises(ValueError, match="kl/tv need"):
+        dflash_loss(h, head, labels, weights, valid, LossOptions(7), target_hidden)
 
 
 def test_soft_target_is_the_targets_next_token_distribution_at_the_predicting_position(tiny_target):

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 from testkit import tiny_drafter, tiny_qwen3
 
-from dflash_train.config import TrainConfig
+from dflash_train.config import config_from_dict
 from dflash_train.models.target import Target
-from dflash_train.objective.loss import LossOptions, chunked_weighted_ce, selector_ce
+from dflash_train.objective.config import ObjectiveConfig
+from dflash_train.objective.kinds.dflash2 import selector_ce
+from dflash_train.objective.loss import LossOptions, chunked_weighted_ce
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 
 
@@ -77,7 +79,7 @@ def _brute_selector(selector, hidden, head, labels, preds, weights, top_k, injec
 def test_selector_ce_against_brute_force(inject):
     target = Target(tiny_qwen3(num_layers=4, vocab=40, hidden=32))
     drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, target_layer_ids=[1], kind="dflash2",
-                              conv_group_size=16, selector_rank=6, selector_top_k=4)
+                              options={"conv_group_size": 16, "selector_rank": 6, "selector_top_k": 4})
     sel = drafter.candidate_selector
     with torch.no_grad():
         sel.successor_codebook.normal_(std=0.5)
@@ -106,19 +108,19 @@ def test_dflash2_objective_teacher_forces_the_predecessor():
     """The objective's predecessors are the anchor then the labels: shifting them changes the loss."""
     target = Target(tiny_qwen3(num_layers=4))
     drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, target_layer_ids=[1], kind="dflash2",
-                              conv_group_size=16, selector_rank=8, selector_top_k=6)
+                              options={"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 6})
     with torch.no_grad():
         drafter.candidate_selector.successor_codebook.normal_(std=1.0)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 100, (1, 20), generator=g)
     anchors, keep = torch.tensor([[2, 6, 11]]), torch.ones(1, 3, dtype=torch.bool)
-    opts = ObjectiveOptions(block_size=4, mask_token_id=127, gamma=2.0, loss_chunk_size=5, selector_out_of_topk="inject")
+    opts = ObjectiveOptions(4, 127, ObjectiveConfig(gamma=2.0, chunk_size=5, kind={'selector_out_of_topk': "inject"}))
     blocks = make_blocks(ids, torch.ones_like(ids), anchors, keep, opts)
     features = target.features(ids, torch.ones_like(ids), [1])
     out = drafter_loss(drafter, target.embed_tokens, target.lm_head_weight, features, blocks, opts)
-    assert out.selector_ce is not None and out.selector_ce > 0
+    assert out.logs["selector_ce"] > 0
     # the same with predecessors from the wrong positions (anchor everywhere) gives another selector CE
-    from dflash_train.objective import loss as loss_mod
+    from dflash_train.objective.kinds import dflash2 as loss_mod
 
     calls = {}
     original = loss_mod.selector_ce
@@ -137,12 +139,11 @@ def test_dflash2_objective_teacher_forces_the_predecessor():
 
 
 def test_config_keys():
-    with pytest.raises(ValueError, match="train.objective"):
-        TrainConfig(objective="dpo").validate()
-    with pytest.raises(ValueError, match="dpace_alpha"):
-        TrainConfig(objective="dpace", dpace_alpha=1.5).validate()
-    with pytest.raises(ValueError, match="selector_out_of_topk"):
-        TrainConfig(selector_out_of_topk="drop").validate()
-    with pytest.raises(ValueError, match="reach_weighting"):
-        ObjectiveOptions(4, 3, 2.0, objective="dpace", reach_weighting=True)
-    TrainConfig(objective="dpace").validate()
+    for section, match in [({"weighting": "dpo"}, "objective.weighting"), ({"dpace_alpha": 1.5}, "dpace_alpha")]:
+        with pytest.raises(ValueError, match=match):
+            ObjectiveConfig(**section).validate()
+    job = config_from_dict({"data": {"paths": ["x"]}, "drafter": {"kind": "dflash2"},
+                            "target": {"path": "t"}, "objective": {"kind": {"selector_out_of_topk": "drop"}}})
+    with pytest.raises(ValueError, match="objective.kind.selector_out_of_topk must be one of"):
+        job.validate()
+    ObjectiveConfig(weighting="dpace").validate()

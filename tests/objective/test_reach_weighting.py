@@ -1,4 +1,4 @@
-"""``train.reach_weighting``: each position's weight times the drafter's detached probability of
+"""``objective.weighting: reach``: each position's weight times the drafter's detached probability of
 reaching it (the product of its label probabilities at the block's earlier positions), checked
 against an unchunked reference that builds the factor by an explicit loop over positions."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from testkit import tiny_drafter, tiny_qwen3
 
-from dflash_train.config import TrainConfig
 from dflash_train.models.target import Target
+from dflash_train.objective.config import ObjectiveConfig
 from dflash_train.objective.loss import LossOptions, _even_chunk, chunked_weighted_ce, reference_loss
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from tests.objective.test_loss_positions import BLOCK, _batch
@@ -101,13 +101,12 @@ def test_objective_with_reach_weighting_equals_the_reference(last):
     target = Target(tiny_qwen3())
     drafter, _ = tiny_drafter(target, num_layers=2, block_size=BLOCK, seed=3)
     ids, loss_mask, anchors, keep = _batch()
-    opts = ObjectiveOptions(block_size=BLOCK, mask_token_id=3, gamma=2.0, loss_chunk_size=7,
-                            loss_positions=last, reach_weighting=True)
+    opts = ObjectiveOptions(BLOCK, 3, ObjectiveConfig(gamma=2.0, chunk_size=7, loss_positions=last, weighting="reach"))
     blocks = make_blocks(ids, loss_mask, anchors, keep, opts)
     features = target.features(ids, torch.ones_like(ids), drafter.config.target_layer_ids)
     out = drafter_loss(drafter, target.embed_tokens, target.lm_head_weight, features, blocks, opts)
     drafter.zero_grad(set_to_none=True)
-    (out.weighted_ce / out.weight_sum).backward()
+    (out.weighted_ce / opts.normalizer(blocks)).backward()
     grads = [p.grad.clone() for p in drafter.parameters()]
 
     # the reference: the same drafter states, full logits, the factor by a loop
@@ -123,22 +122,32 @@ def test_objective_with_reach_weighting_equals_the_reference(last):
     drafter.zero_grad(set_to_none=True)
     ref = reference_loss(hidden, target.lm_head_weight, blocks.labels[sl], blocks.weights[sl], None, reach=True)
     ref.backward()
-    torch.testing.assert_close(out.weighted_ce / out.weight_sum, ref)
+    torch.testing.assert_close(out.weighted_ce / opts.normalizer(blocks), ref)
     for g, p in zip(grads, drafter.parameters()):
         torch.testing.assert_close(g, p.grad)
     off = drafter_loss(drafter, target.embed_tokens, target.lm_head_weight, features, blocks,
-                       ObjectiveOptions(BLOCK, 3, 2.0, loss_chunk_size=7, loss_positions=last))
+                       ObjectiveOptions(BLOCK, 3, ObjectiveConfig(gamma=2.0, chunk_size=7, loss_positions=last)))
     assert out.weighted_ce < off.weighted_ce - 1e-3  # the option reached the loss
 
 
-def test_config_checks():
-    with pytest.raises(ValueError, match="reach_weighting"):
-        TrainConfig(reach_weighting="yes").validate()
-    with pytest.raises(ValueError, match="reach_weighting"):
-        TrainConfig(reach_weighting=True, distill=0.5).validate()
-    with pytest.raises(ValueError, match="reach_weighting"):
-        ObjectiveOptions(BLOCK, 3, 2.0, distill=0.5, reach_weighting=True)
-    TrainConfig(reach_weighting=True).validate()
+def test_reach_composes_with_a_distillation_target():
+    """Weightings and targets are independent entries: reach with {ce, kl} is the reach-weighted sum
+    of the two terms (reach from the label's CE), checked against full logits."""
+    torch.manual_seed(5)
+    k, n, vocab, h = 3, 12, 17, 6
+    x, head = torch.randn(n, h), torch.randn(vocab, h)
+    t_hidden = torch.randn(n, h)
+    labels, weights = torch.randint(0, vocab, (n,)), torch.rand(n)
+    opts = LossOptions(5 * k, targets=(("ce", 0.4), ("kl", 0.6)), block=k, weighting="reach")
+    loss, _ = chunked_weighted_ce(x, head, labels, weights, opts, t_hidden)
+    logits, p = x @ head.t(), torch.softmax(t_hidden @ head.t(), -1)
+    log_q = torch.log_softmax(logits, -1)
+    ce = -log_q.gather(1, labels[:, None])[:, 0]
+    kl = (p * (p.log() - log_q)).sum(-1)
+    reach = torch.ones(n)
+    for j in range(1, k):
+        reach.view(-1, k)[:, j] = reach.view(-1, k)[:, j - 1] * torch.exp(-ce.view(-1, k)[:, j - 1])
+    torch.testing.assert_close(loss, ((0.4 * ce + 0.6 * kl) * weights * reach).sum(), rtol=1e-4, atol=1e-5)
 
 
 def test_tiny_training_with_reach_weighting_runs_and_learns(tmp_path):
@@ -154,8 +163,8 @@ def test_tiny_training_with_reach_weighting_runs_and_learns(tmp_path):
 
     smollm2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
     losses = {}
-    for name, extra in (("reach", {"reach_weighting": True, "max_steps": 12}), ("plain", {"max_steps": 1})):
-        job = tiny_chat_job(tmp_path / name, **extra)
+    for name, extra in (("reach", {"max_steps": 12}), ("plain", {"max_steps": 1})):
+        job = tiny_chat_job(tmp_path / name, {"weighting": "reach"} if name == "reach" else None, **extra)
         train(config_from_dict(job), target=tiny_chat_target(smollm2), echo=lambda *a: None)
         rows = [json.loads(line) for line in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [r["loss"] for r in rows if "loss" in r]

@@ -8,6 +8,7 @@ from torch._dynamo.utils import counters
 
 from dflash_train.models.target import Target
 from dflash_train.objective.blocks import sample_batch_anchors
+from dflash_train.objective.config import ObjectiveConfig
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.run_folder import COMPILE_ARTIFACTS
 from dflash_train.train import compilation
@@ -20,7 +21,7 @@ def _train_step(target, drafter, seq=24, block=4):
     loss_mask = torch.ones_like(ids)
     loss_mask[:, :4] = 0
     anchors, keep = sample_batch_anchors(loss_mask, torch.arange(2), 6, 0, 0)
-    opts = ObjectiveOptions(block_size=block, mask_token_id=3, gamma=4.0, attention="sdpa")
+    opts = ObjectiveOptions(block, 3, ObjectiveConfig(gamma=4.0), attention="sdpa")
     blocks = make_blocks(ids, loss_mask, anchors, keep, opts)
     features = target.features(ids, torch.ones_like(ids), drafter.config.target_layer_ids)
     out = drafter_loss(drafter, target.embed_tokens, target.lm_head_weight, features, blocks, opts)

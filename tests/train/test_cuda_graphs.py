@@ -76,7 +76,7 @@ def _packed_micro_batch(seed: int) -> MicroBatch:
 def test_local_features_replayed_equal_the_eager_target(distill):
     target = Target(tiny_qwen3())
     trainer = SimpleNamespace(batches=None, target=target, drafter_cfg=SimpleNamespace(target_layer_ids=[0, 3]),
-                              opts=SimpleNamespace(distill=distill), graph_target_forward=False)
+                              opts=SimpleNamespace(needs_target_distribution=bool(distill)), graph_target_forward=False)
     graphed = LocalFeatures(trainer, capture=fake_capture)
     eager = LocalFeatures(trainer)
     assert eager.graphed is None and graphed.graphed is not None  # no capture on the CPU by default
@@ -97,7 +97,7 @@ def test_cuda_graphs_are_off_for_a_target_sharded_with_fsdp(fsdp_target, graphed
     graph would read stale memory, so a sharded target runs eagerly."""
     replays = replays_target_forward(True, fsdp_target, torch.device("cuda"))
     trainer = SimpleNamespace(batches=None, target=None, drafter_cfg=SimpleNamespace(target_layer_ids=[0]),
-                              opts=SimpleNamespace(distill=0.0), graph_target_forward=replays)
+                              opts=SimpleNamespace(needs_target_distribution=False), graph_target_forward=replays)
     assert replays == graphed and (LocalFeatures(trainer).graphed is not None) == graphed
     assert not replays_target_forward(True, False, torch.device("cpu"))
     assert not replays_target_forward(False, False, torch.device("cuda"))

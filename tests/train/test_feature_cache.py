@@ -138,7 +138,7 @@ def test_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="feature_cache must be off, device or cpu"):
         load_config("cpu-demo", ["train.feature_cache=gpu"])
     with pytest.raises(ValueError, match="feature_cache stores features only"):
-        load_config("cpu-demo", ["train.feature_cache=device", "train.distill=0.5"])
+        load_config("cpu-demo", ["train.feature_cache=device", "objective.targets={ce: 0.5, kl: 0.5}"])
     assert load_config("cpu-demo", ["train.feature_cache=cpu"]).train.feature_cache == "cpu"
     # YAML 1.1 reads a bare off as False: the text field gets its word back (it was refused as False)
     assert load_config("smollm2-1gpu", ["train.feature_cache=off"]).train.feature_cache == "off"

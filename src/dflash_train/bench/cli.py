@@ -18,6 +18,8 @@ from pathlib import Path
 
 from dflash_train.cli_types import comma_separated_ints, int_at_least, nonneg_int, positive_int
 from dflash_train.files import atomic_write_text, explained
+from dflash_train.models.kinds import kind_names
+from dflash_train.objective.weighting import WEIGHTINGS
 
 
 def register(sub) -> None:
@@ -40,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the drafter layers and the loss chunks (default: on CUDA only)")
     p.add_argument("--loss-chunk-size", type=positive_int, default=4096,
-                   help="positions per chunk of the vocabulary loss (train.loss_chunk_size)")
+                   help="positions per chunk of the vocabulary loss (objective.chunk_size)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
     p.add_argument("--dtype", default="auto", help="target weights and autocast dtype (auto: bf16 on CUDA)")
     p.add_argument("--checkpoint-drafter", action="store_true",
@@ -52,10 +54,10 @@ def register(sub) -> None:
                         "(train.cuda_graph_step; one process; needs --warmup >= 2 for a timed loop of replays)")
     p.add_argument("--optim", choices=["adamw", "muon"], default="adamw",
                    help="the optimizer of the timed step (optim.name; muon: train/muon.py)")
-    p.add_argument("--drafter-kind", choices=["dflash", "dflash2"], default="dflash",
-                   help="drafter.kind: dflash2 adds the dynamic convolutions and the selector's loss to the step")
-    p.add_argument("--objective", choices=["ce", "dpace"], default="ce",
-                   help="train.objective: the decayed CE or D-PACE's confidence weights")
+    p.add_argument("--drafter-kind", choices=kind_names(), default="dflash",
+                   help="drafter.kind: a kind's network and training terms join the step (models/kinds/)")
+    p.add_argument("--weighting", choices=list(WEIGHTINGS), default="decay",
+                   help="objective.weighting: decay, reach or dpace (objective/weighting.py)")
     p.add_argument("--target-fp8", action="store_true",
                    help="the target's decoder-layer linears as FP8 matmuls with rowwise scales (target.fp8_linear; "
                         "CUDA 8.9+, an emulation on the CPU); recorded as config.target_fp8")
@@ -83,7 +85,7 @@ def run_cli(args) -> int:
         attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
         dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
         cuda_graph_step=args.cuda_graph_step, optim=args.optim, target_fp8=args.target_fp8,
-        drafter_fp8=args.drafter_fp8, compile_target=args.compile_target, drafter_kind=args.drafter_kind, objective=args.objective,
+        drafter_fp8=args.drafter_fp8, compile_target=args.compile_target, drafter_kind=args.drafter_kind, weighting=args.weighting,
         kernels=args.kernels,
     )
     result = run_bench(cfg)

@@ -33,6 +33,7 @@ from dflash_train.bench import kernels
 from dflash_train.decoding.static import STEPS, StaticDecoder
 from dflash_train.eval.flags import at_least, positive_float, positive_int
 from dflash_train.files import atomic_write_text
+from dflash_train.models.kinds import kind_names
 
 # name -> StaticDecoder options; the default list on CUDA runs them all in this order, the slow
 # autotuning last
@@ -76,9 +77,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--block-size", type=at_least(2), default=16, help="drafter block size (>= 2)")
     ap.add_argument("--drafter-layers", type=positive_int, default=4,
                     help="layers of the random drafter (without --drafter)")
-    ap.add_argument("--drafter-kind", choices=("dflash", "dflash2"), default="dflash",
-                    help="kind of the random drafter (without --drafter): dflash2 adds the convolutions and the "
-                         "selector's walk to the draft step")
+    ap.add_argument("--drafter-kind", choices=kind_names(), default="dflash",
+                    help="kind of the random drafter (without --drafter): its network and its chooser join the "
+                         "draft step (models/kinds/, decoding/choosers/)")
     ap.add_argument("--time-budget-s", type=positive_float, default=None,
                     help="start no new variant after this many seconds (the rest report 'skipped')")
 

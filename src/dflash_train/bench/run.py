@@ -64,7 +64,10 @@ from dflash_train.data.batching import MicroBatch
 from dflash_train.devices import resolve_device, resolve_dtype, synchronize
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.models.kinds import kind_names
 from dflash_train.models.target import Target, choose_mask_token_id
+from dflash_train.objective.config import ObjectiveConfig
+from dflash_train.objective.weighting import WEIGHTINGS
 from dflash_train.train import compilation
 from dflash_train.train.parallelize import DataParallel, apply_target_compile, parallelize_drafter
 from dflash_train.train.step import StepSpec, TrainStep, build_train_step
@@ -117,8 +120,8 @@ class BenchConfig:
     # the float32 emulation (plumbing only, as target_fp8)
     drafter_fp8: bool = False
     compile_target: bool = False  # torch.compile the target's decoder layers (target.compile; CUDA and CPU here)
-    drafter_kind: str = "dflash"  # drafter.kind: dflash or dflash2 (convolutions + the selector's loss)
-    objective: str = "ce"  # train.objective: ce or dpace
+    drafter_kind: str = "dflash"  # drafter.kind (models/kinds/): its network and training terms join the step
+    weighting: str = "decay"  # objective.weighting: decay, reach or dpace (objective/weighting.py)
     kernels: int = 0  # > 0: one more step under torch.profiler, each phase's top N kernels (bench/kernels.py)
 
     def resolved(self) -> BenchConfig:
@@ -146,10 +149,10 @@ class BenchConfig:
                 raise ValueError(f"bench: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0 or self.profile_steps < 0 or self.kernels < 0:
             raise ValueError("bench: --warmup, --profile-steps and --kernels must be >= 0")
-        if self.drafter_kind not in ("dflash", "dflash2"):
-            raise ValueError(f"bench: --drafter-kind must be dflash or dflash2, got {self.drafter_kind!r}")
-        if self.objective not in ("ce", "dpace"):
-            raise ValueError(f"bench: --objective must be ce or dpace, got {self.objective!r}")
+        if self.drafter_kind not in kind_names():
+            raise ValueError(f"bench: --drafter-kind must be one of {kind_names()}, got {self.drafter_kind!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"bench: --weighting must be one of {list(WEIGHTINGS)}, got {self.weighting!r}")
         if self.attention not in ("flex", "sdpa"):
             raise ValueError(f"bench: --attention must be flex/sdpa/auto, got {self.attention!r}")
         if self.attention == "flex" and not self.device.startswith("cuda"):
@@ -450,8 +453,9 @@ class StepBench:
         log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
         optim = OptimConfig(name=cfg.optim)
         optim.validate()
-        spec = StepSpec(cfg.block_size, dcfg.mask_token_id, cfg.num_anchors, cfg.seed, attention=cfg.attention,
-                        loss_chunk_size=cfg.loss_chunk_size, compiled=bool(cfg.compile), objective_name=cfg.objective)
+        objective = ObjectiveConfig(weighting=cfg.weighting, chunk_size=cfg.loss_chunk_size)
+        spec = StepSpec(cfg.block_size, dcfg.mask_token_id, cfg.num_anchors, objective, cfg.seed,
+                        attention=cfg.attention, compiled=bool(cfg.compile))
         total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
         ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
         step = build_train_step(spec, model, drafter, target, optim, total_steps, device, dtype, ranks)

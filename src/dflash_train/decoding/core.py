@@ -27,9 +27,10 @@ decoders that count it.
 What a drafter must provide is :class:`BlockProposer` (``propose_block``). A DFlash
 drafter's proposal is "the block's logits, then argmax (or a sample)"; how a block's
 tokens are chosen from the drafter's output is a separate seam, :class:`BlockChooser`,
-so a drafter whose proposal is a path (DFlash2: a sequential walk over each slot's top-k
-candidates scored by a selector) plugs in by providing its own chooser
-(:func:`block_chooser`), in the reference loop and in the static engine alike.
+so a drafter kind whose proposal is a path (DFlash2: a walk over each slot's top-k candidates
+scored by a selector)
+plugs in by registering its chooser (``decoding/choosers/``, :func:`block_chooser`), in the
+reference loop and in the static engine alike.
 
 Also here: the compile settings both static engines use (:func:`compile_step`).
 """
@@ -144,41 +145,17 @@ def proposal_from_logits(logits: torch.Tensor, sampling: Sampling) -> Proposal:
     return Proposal(sample(q, sampling.generator), q)
 
 
-class SelectorChooser:
-    """DFlash2's chooser: the sequential walk over each slot's top-k candidates scored by the
-    drafter's ``candidate_selector`` (``models/drafter.selector_walk``), starting from the anchor.
-    Greedy takes the argmax of the scores (pure tensor code: it runs inside the static engine's
-    CUDA graph); sampling draws from softmax(S / T) over the k candidates and returns that
-    distribution as ``q`` (zero outside the candidates), so the rejection rule stays exact.
-    ``top_p`` does not apply to the walk: its support is already the k candidates."""
-
-    def __init__(self, selector):
-        self.selector = selector
-
-    def __call__(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor,
-                 sampling: Sampling) -> Proposal:
-        from dflash_train.models.drafter import selector_walk
-
-        anchor = anchor.reshape(1).to(logits.device)
-        hidden = hidden.to(self.selector.hidden_projection.weight.dtype)
-        if sampling.greedy:
-            path, _, _ = selector_walk(self.selector, hidden[None], logits[None], anchor)
-            return Proposal(path[0])
-        path, candidates, q = selector_walk(self.selector, hidden[None], logits[None], anchor,
-                                            sampling.temperature, sampling.generator)
-        full = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
-        return Proposal(path[0], full.scatter_(-1, candidates[0], q[0].float()))
-
-
 def block_chooser(drafter) -> BlockChooser:
-    """The drafter's own chooser (a ``block_chooser`` attribute: a callable with the
-    :class:`BlockChooser` signature), DFlash2's :class:`SelectorChooser` for a drafter with a
-    ``candidate_selector``, or DFlash's :func:`choose_independently`."""
+    """The drafter's chooser: its own ``block_chooser`` attribute (a callable with the
+    :class:`BlockChooser` signature), else its kind's (``decoding/choosers/``, by the kind's name),
+    else DFlash's :func:`choose_independently`."""
     own = getattr(drafter, "block_chooser", None)
     if own is not None:
         return own
-    selector = getattr(drafter, "candidate_selector", None)
-    return SelectorChooser(selector) if selector is not None else choose_independently
+    from dflash_train.decoding.choosers import CHOOSERS
+
+    kind = getattr(getattr(drafter, "kind", None), "name", "dflash")
+    return CHOOSERS[kind](drafter) if kind in CHOOSERS else choose_independently
 
 
 @runtime_checkable

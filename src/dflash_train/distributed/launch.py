@@ -115,8 +115,8 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     if cfg.train.drafter_init == "target":
         raise ValueError("train.drafter_init=target is not supported with --target-ranks yet (drafter ranks "
                          "hold no target layers): use it in a colocated run")
-    if cfg.train.distill > 0:
-        raise ValueError("train.distill needs colocated training (drafter ranks get no target logits "
+    if cfg.objective.needs_target_distribution:
+        raise ValueError("objective.targets kl/tv need colocated training (drafter ranks get no target logits "
                          "from --target-ranks)")
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "

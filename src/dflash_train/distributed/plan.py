@@ -28,8 +28,9 @@ def measure(cfg: JobConfig, steps: int = 3, echo=print) -> dict:
     from dflash_train.train.features import CachedFeatures, LocalFeatures
     from dflash_train.train.trainer import Trainer
 
-    if cfg.train.distill > 0:
-        raise ValueError("train.distill needs colocated training; plan the topology with train.distill=0")
+    if cfg.objective.needs_target_distribution:
+        raise ValueError("objective.targets kl/tv need colocated training; plan the topology with objective.targets "
+                         "{ce: 1}")
     cfg.train.progress = False
     trainer = Trainer(cfg, echo=echo, features=lambda t: CachedFeatures(LocalFeatures(t)))
     micro = [mb for _ in range(steps + 1) for mb in trainer.source.next_step()]

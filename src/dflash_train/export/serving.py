@@ -42,16 +42,15 @@ import torch
 
 from dflash_train.files import explained, note, read_text, staged_folder, sweep_stale_temps
 from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
-from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.models.drafter import KINDS, DFlashDrafter, kind_of
+from dflash_train.models.kinds import get_kind, kind_source
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 MODELING_FILE = "modeling_dflash.py"
-ARCHITECTURE = "DFlashDraftModel"
+ARCHITECTURE = KINDS["dflash"].architecture  # "DFlashDraftModel"; each kind names its own (models/kinds/)
 AUTO_MAP = {"AutoModel": f"{Path(MODELING_FILE).stem}.{ARCHITECTURE}"}
-ARCHITECTURES = {"dflash": ARCHITECTURE, "dflash2": "DFlash2DraftModel"}  # by DrafterConfig.kind
-DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # in dflash_config
 DEFAULT_MAX_POSITIONS = 32768  # same fallback as drafter.rope_inv_freq
 DEFAULT_EXPORT_DTYPE = torch.bfloat16  # what the authors and SpecForge ship
 AUX_LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -64,70 +63,19 @@ _MAX_LISTED = 12  # names listed per category in an error message
 
 
 def serving_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """The serving tensor names and shapes for ``cfg`` (docs/spec.md section 4), from the config alone.
-
-    Deliberately independent of ``DFlashDrafter.state_dict()`` so tests can prove that
-    export neither drops nor renames a tensor.
-    """
-    missing = [
-        n
-        for n in (
-            "hidden_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "intermediate_size",
-            "target_layer_ids",
-        )
-        if getattr(cfg, n) is None
-    ]
+    """The serving tensor names and shapes for ``cfg`` (docs/spec.md section 4): those of the
+    network itself, built on the meta device (no memory), whatever its kind adds. The target's
+    embedding and lm_head are not the drafter's, and the rotary table is not persistent, so
+    neither is listed; export writes exactly these and re-reads the file to check it."""
+    missing = [n for n in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                           "intermediate_size", "target_layer_ids") if getattr(cfg, n) is None]
     if missing:
         raise ValueError(
             f"drafter config is not resolved: {missing} unset (resolve it against the target first)"
         )
-    h, hd = cfg.hidden_size, cfg.head_dim
-    q_out, kv_out = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    inter, n = cfg.intermediate_size, len(cfg.target_layer_ids)
-    names: dict[str, tuple[int, ...]] = {}
-    for i in range(cfg.num_hidden_layers):
-        p = f"layers.{i}."
-        names[p + "self_attn.q_proj.weight"] = (q_out, h)
-        names[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        names[p + "self_attn.v_proj.weight"] = (kv_out, h)
-        names[p + "self_attn.o_proj.weight"] = (h, q_out)
-        if cfg.attention_bias:
-            names[p + "self_attn.q_proj.bias"] = (q_out,)
-            names[p + "self_attn.k_proj.bias"] = (kv_out,)
-            names[p + "self_attn.v_proj.bias"] = (kv_out,)
-            names[p + "self_attn.o_proj.bias"] = (h,)
-        names[p + "self_attn.q_norm.weight"] = (hd,)
-        names[p + "self_attn.k_norm.weight"] = (hd,)
-        names[p + "mlp.gate_proj.weight"] = (inter, h)
-        names[p + "mlp.up_proj.weight"] = (inter, h)
-        names[p + "mlp.down_proj.weight"] = (h, inter)
-        names[p + "input_layernorm.weight"] = (h,)
-        names[p + "post_attention_layernorm.weight"] = (h,)
-    names["norm.weight"] = (h,)
-    names["fc.weight"] = (h, n * h)
-    names["hidden_norm.weight"] = (h,)
-    if cfg.kind == "dflash2":
-        names.update(_dflash2_tensor_names(cfg))
-    return names
-
-
-def _dflash2_tensor_names(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """The DFlash2 additions, named as in the authors' checkpoints: each layer's two convolutions,
-    and the selector, whose codebooks are bare tensors (no ``.weight``)."""
-    h, k, r = cfg.hidden_size, cfg.conv_kernel_size, cfg.selector_rank
-    names: dict[str, tuple[int, ...]] = {}
-    for i in range(cfg.num_hidden_layers):
-        for conv in ("attention_conv", "mlp_conv"):
-            names[f"layers.{i}.{conv}.base_kernel"] = (2, k, h)
-            names[f"layers.{i}.{conv}.kernel_projection.weight"] = (2 * k * (h // cfg.conv_group_size), h)
-    names["candidate_selector.predecessor_codebook"] = (cfg.vocab_size, r)
-    names["candidate_selector.successor_codebook"] = (cfg.vocab_size, r)
-    names["candidate_selector.hidden_projection.weight"] = (r, h)
-    return names
+    with torch.device("meta"):
+        network = DFlashDrafter(cfg)
+    return {name: tuple(t.shape) for name, t in network.state_dict().items()}
 
 
 def _listing(items: list[str]) -> str:
@@ -193,10 +141,11 @@ def serving_config(
     layer_types = list(cfg.layer_types)
     sliding = SLIDING_ATTENTION in layer_types
     dtype_name = _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-    architecture = ARCHITECTURES[cfg.kind]
-    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids)}
-    if cfg.kind == "dflash2":
-        dflash.update({k: getattr(cfg, k) for k in DFLASH2_KEYS})
+    kind = get_kind(cfg.kind)
+    architecture = kind.architecture
+    extra = dict(kind.serving_fields(cfg))
+    dflash = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
+              **extra.pop("dflash_config", {})}
     config: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": "qwen3",
@@ -227,6 +176,7 @@ def serving_config(
         "use_cache": True,
         "dtype": dtype_name,
         "torch_dtype": dtype_name,
+        **extra,
     }
     for key, value in (extra_config or {}).items():
         if key in config and config[key] != value:
@@ -263,8 +213,6 @@ def _check_serving_fields(config: Mapping[str, Any], source: str) -> Mapping[str
                 "block_size"]
     missing = [k for k in required if config.get(k) is None]
     missing += [f"dflash_config.{k}" for k in ("mask_token_id", "target_layer_ids") if dflash.get(k) is None]
-    if ARCHITECTURES["dflash2"] in (config.get("architectures") or ()):
-        missing += [f"dflash_config.{k}" for k in DFLASH2_KEYS if dflash.get(k) is None]
     if missing:
         raise ValueError(f"{source}: missing required field(s) {missing}")
     layer_ids = [int(i) for i in dflash["target_layer_ids"]]
@@ -277,11 +225,21 @@ def _check_serving_fields(config: Mapping[str, Any], source: str) -> Mapping[str
     return dflash
 
 
-def _dflash2_fields(dflash: Mapping[str, Any]) -> dict[str, Any]:
-    """``kind`` and the four DFlash2 shape keys: a ``dflash_config`` with ``conv_kernel_size`` is DFlash2."""
-    if dflash.get("conv_kernel_size") is None:
-        return {"kind": "dflash"}
-    return {"kind": "dflash2", **{k: int(dflash[k]) for k in DFLASH2_KEYS}}
+def _kind_fields(config: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``kind`` and ``options`` of a serving config, by its ``architectures`` (``models/kinds/``)."""
+    kind = kind_of(_Keys(config))
+    try:
+        return {"kind": kind.name, "options": kind.options_from_serving(config)}
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+
+
+class _Keys:
+    """A serving config dict seen as the object with attributes that ``kind_of`` reads."""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.architectures = config.get("architectures")
+        self.kind = None
 
 
 def drafter_config_from_serving(
@@ -313,7 +271,7 @@ def drafter_config_from_serving(
         sliding_window=config.get("sliding_window"),
         attention_bias=bool(config.get("attention_bias", False)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        **_dflash2_fields(dflash),
+        **_kind_fields(config, source),
     )
     try:
         cfg.validate()
@@ -325,29 +283,50 @@ def drafter_config_from_serving(
 # -- modeling file ---------------------------------------------------------------------------
 
 
-def drafter_source() -> str:
-    """``models/drafter.py`` as shipped; refuses it if it stopped being self-contained."""
-    text = resources.files("dflash_train.models").joinpath("drafter.py").read_text(encoding="utf-8")
+def _own_imports(text: str, name: str, allowed=()) -> None:
+    """Refuse a shipped source that imports from this package (other than ``allowed`` lines)."""
     for node in ast.walk(ast.parse(text)):
         module = None
         if isinstance(node, ast.ImportFrom):
             module = "." * node.level + (node.module or "")
         elif isinstance(node, ast.Import):
             module = ",".join(a.name for a in node.names)
-        if module and ("dflash_train" in module or module.startswith(".")):
-            raise ValueError(
-                f"models/drafter.py imports {module!r}; it must import only torch so it can be shipped as "
-                f"{MODELING_FILE}"
-            )
+        if module and ("dflash_train" in module or module.startswith(".")) and module not in allowed:
+            raise ValueError(f"{name} imports {module!r}; it must import only torch (and the backbone) so it can be "
+                             f"shipped as {MODELING_FILE}")
+
+
+BACKBONE_IMPORT = "dflash_train.models.drafter"  # the one import a kind's network file may have
+
+
+def drafter_source() -> str:
+    """``models/drafter.py`` as shipped; refuses it if it stopped being self-contained."""
+    text = resources.files("dflash_train.models").joinpath("drafter.py").read_text(encoding="utf-8")
+    _own_imports(text, "models/drafter.py")
     return text
 
 
-def modeling_source() -> str:
-    """The exported ``modeling_dflash.py``: drafter source verbatim + the HF wrapper."""
+def kind_network_source(kind_name: str) -> str:
+    """The kind's network file as it joins the backbone in one module: its ``from __future__`` and
+    backbone import lines dropped (the backbone's names are then its own), nothing else changed."""
+    text = kind_source(kind_name)
+    if text is None:
+        return ""
+    _own_imports(text, f"models/kinds/{kind_name}.py", allowed=(BACKBONE_IMPORT,))
+    dropped = {n for node in ast.parse(text).body if isinstance(node, ast.ImportFrom)
+               and node.module in ("__future__", BACKBONE_IMPORT)
+               for n in range(node.lineno, node.end_lineno + 1)}
+    kept = [line for n, line in enumerate(text.splitlines(), 1) if n not in dropped]
+    banner = f"# ---- models/kinds/{kind_name}.py (drafter.kind={kind_name}), appended by dflash-train export ----"
+    return "\n\n" + banner + "\n" + "\n".join(kept) + "\n"
+
+
+def modeling_source(kind_name: str = "dflash") -> str:
+    """The exported ``modeling_dflash.py``: the backbone verbatim, the kind's network file, the HF wrapper."""
     wrapper = (
         resources.files("dflash_train.export").joinpath("modeling_wrapper.py.txt").read_text(encoding="utf-8")
     )
-    return drafter_source().rstrip("\n") + "\n" + wrapper
+    return drafter_source().rstrip("\n") + "\n" + kind_network_source(kind_name) + wrapper
 
 
 def _readme(config: dict[str, Any]) -> str:
@@ -455,7 +434,7 @@ def export_drafter(
     dtype = DEFAULT_EXPORT_DTYPE if dtype is None else dtype
     tensors = {k: v.detach().to(device="cpu", dtype=dtype).contiguous() for k, v in state.items()}
     config = serving_config(cfg, dtype, extra_config)
-    modeling = modeling_source()
+    modeling = modeling_source(cfg.kind)
 
     from safetensors.torch import save_file
 

@@ -13,7 +13,6 @@ from typing import Any
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
-DRAFTER_KINDS = ("dflash", "dflash2")
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -90,33 +89,23 @@ class DrafterConfig:
     sliding_window: int | None = None  # window of sliding_attention layers
     attention_bias: bool = False  # biases in q/k/v/o projections
     tie_word_embeddings: bool = False  # taken from the target when resolved
-    # "dflash" or "dflash2" (dynamic convolutions + candidate selector, served as DFlash2DraftModel).
-    # The four fields below shape DFlash2 only; the defaults are the authors' (kernel 2, groups of 16
-    # channels, rank 256, top-16 candidates).
+    # The drafter kind: dflash (the paper's) or one of models/kinds/ (dflash2: dynamic convolutions + a
+    # candidate selector; the kinds' table below lists every kind and its settings).
     kind: str = "dflash"
-    conv_kernel_size: int = 2  # DFlash2: taps of each dynamic causal convolution
-    conv_group_size: int = 16  # DFlash2: channels sharing one dynamic delta
-    selector_rank: int = 256  # DFlash2: rank r of the candidate selector's codebooks
-    selector_top_k: int = 16  # DFlash2: candidates per slot the selector scores
+    # The kind's own settings (the kinds' table below), e.g. {selector_top_k: 8} for dflash2; a missing key
+    # takes the kind's default. dflash has none.
+    options: dict[str, Any] = field(default_factory=dict)
 
-    def _validate_dflash2(self) -> None:
-        if self.kind not in DRAFTER_KINDS:
-            raise ValueError(f"drafter.kind must be one of {list(DRAFTER_KINDS)}, got {self.kind!r}")
-        for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"drafter.{name} must be >= 1, got {getattr(self, name)}")
-        if self.kind != "dflash2":
-            return
-        if self.conv_kernel_size > self.block_size:
-            raise ValueError(f"drafter.conv_kernel_size {self.conv_kernel_size} exceeds block_size {self.block_size}")
-        if self.hidden_size is not None and self.hidden_size % self.conv_group_size:
-            raise ValueError(f"drafter.conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if self.vocab_size is not None and self.selector_top_k > self.vocab_size:
-            raise ValueError(f"drafter.selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
+    def _validate_kind(self) -> None:
+        from dflash_train.models.kinds import get_kind
+
+        if not isinstance(self.options, dict):
+            raise ValueError(f"drafter.options must be a mapping of the kind's settings, got {self.options!r}")
+        get_kind(self.kind).check_options(self.options, self)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field for any impossible combination."""
-        self._validate_dflash2()
+        self._validate_kind()
         if self.num_hidden_layers < 1:
             raise ValueError(f"drafter.num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
         if self.block_size < 2:
@@ -174,11 +163,29 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DrafterConfig:
+        """A checkpoint's ``drafter_config.json``; one written before kinds had ``options`` (their
+        settings as top-level keys) is read too: its kind's settings move into ``options``."""
+        data = kind_options_moved(dict(data))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown drafter config key(s) {unknown}; known keys: {sorted(known)}")
         return cls(**data)
+
+
+def kind_options_moved(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with top-level keys that are some kind's options moved into ``options`` (its own
+    kind's) or dropped (another kind's: configs once stored every kind's settings)."""
+    from dflash_train.models.kinds import KINDS, get_kind
+
+    own = get_kind(data.get("kind") or "dflash").options
+    every = {name for kind in KINDS.values() for name in kind.options}
+    options = dict(data.get("options") or {})
+    for key in [k for k in data if k in every]:
+        value = data.pop(key)
+        if key in own:
+            options.setdefault(key, value)
+    return {**data, "options": options}
 
 
 @dataclass
@@ -207,7 +214,9 @@ class TargetFacts:
 
 def resolve_drafter_config(cfg: DrafterConfig, target: TargetFacts, mask_token_id: int | None) -> DrafterConfig:
     """Fill every ``None`` field from the target and validate the pairing."""
-    out = dataclasses.replace(cfg)
+    from dflash_train.models.kinds import get_kind
+
+    out = dataclasses.replace(cfg, options={**get_kind(cfg.kind).options, **cfg.options})
     copy = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
             "rope_theta", "max_position_embeddings")
     for name in copy:

@@ -1,10 +1,19 @@
-"""The DFlash and DFlash2 drafter networks (docs/spec.md section 1). No training code lives here.
+"""The DFlash drafter network and the seam its kinds plug into (docs/spec.md section 1).
+No training code lives here.
 
 This file imports nothing from the ``dflash_train`` package on purpose: ``export``
-copies it verbatim into the serving folder as the modeling file, so the model that
-was trained and the model that ``AutoModel.from_pretrained(..., trust_remote_code=True)``
-builds are the same source. It reads its shape from any object with the config
-attributes (our ``DrafterConfig`` or a Hugging Face ``PretrainedConfig``).
+copies it verbatim into the serving folder as the modeling file (followed by the file of
+the exported drafter's kind, ``models/kinds/<kind>.py``), so the model that was trained and
+the model that ``AutoModel.from_pretrained(..., trust_remote_code=True)`` builds are the same
+source. It reads its shape from any object with the config attributes (our ``DrafterConfig``
+or a Hugging Face ``PretrainedConfig``).
+
+**Kinds.** DFlash is the backbone below. A kind (DFlash2, ...) is a
+:class:`DrafterKind` registered by name (:func:`register_kind`) in its own file: what it adds
+to each decoder layer (a module around the attention or the MLP sublayer), the heads it adds
+to the drafter, how it drafts a block greedily from the drafter's states, and its serving
+architecture and config keys. Nothing here branches on a kind's name; the drafter asks its
+kind (:func:`kind_of`) for its parts.
 
 Shapes used below: ``b`` batch, ``s`` context length (target positions), ``q`` block
 positions (num_blocks * block_size), ``h`` hidden size, ``n`` number of target features.
@@ -25,10 +34,12 @@ SLIDING_ATTENTION = "sliding_attention"
 
 
 def _cfg(config, name, default=None):
-    """Read a field from a dataclass config or a HF config (which may nest dflash fields)."""
+    """Read a field from a dataclass config (its own fields, then its kind's ``options``) or a HF
+    config (top-level keys, then the nested ``dflash_config``)."""
     value = getattr(config, name, None)
-    if value is None:
-        value = (getattr(config, "dflash_config", None) or {}).get(name, default)
+    for nested in ("options", "dflash_config"):
+        if value is None:
+            value = (getattr(config, nested, None) or {}).get(name)
     return default if value is None else value
 
 
@@ -199,189 +210,141 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def is_dflash2(config) -> bool:
-    """DFlash2 (dynamic convolutions + candidate selector): our ``kind: dflash2``, or a serving
-    config whose ``dflash_config`` carries ``conv_kernel_size`` (``DFlash2DraftModel``)."""
-    kind = _cfg(config, "kind", None)
-    if kind is not None:
-        return kind == "dflash2"
-    return _cfg(config, "conv_kernel_size", None) is not None
+class KindModule(nn.Module):
+    """A module a kind adds (a sublayer wrapper or a head). It starts from its own
+    ``reset_parameters`` (identity-like, so an untrained kind computes what DFlash computes),
+    which the exported wrapper's fresh-model init calls too."""
+
+    def reset_parameters(self) -> None:  # pragma: no cover - every kind module defines its own
+        raise NotImplementedError
 
 
-def grouped_causal_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, segment: int) -> torch.Tensor:
-    """``y[t] = sum_o (base[o] + delta[t, o, group]) * x[t - o]``, inside segments of ``segment`` slots.
+class DrafterKind:
+    """The network side of a drafter kind: what it adds to the DFlash backbone.
 
-    ``x`` [b, q, h]; ``delta`` [b, q, K, g] (one dynamic coefficient per tap and group of
-    h/g channels, computed from the token at t); ``base`` [K, h] static taps. The q slots are
-    q/segment independent blocks: a tap never reads across a block boundary, so slot 0 of
-    every block reads zeros for o >= 1 (each block is drafted on its own at inference, where
-    nothing precedes its anchor slot). With base = [1, 0, ...] and delta = 0 this is exactly
-    the identity, which is why an untrained DFlash2 equals DFlash.
-    """
-    b, q, h = x.shape
-    taps, groups = delta.shape[-2], delta.shape[-1]
-    blocks = x.view(b, q // segment, segment, groups, h // groups)
-    delta = delta.view(b, q // segment, segment, taps, groups, 1)
-    out = torch.zeros_like(blocks)
-    for o in range(taps):
-        shifted = blocks if o == 0 else F.pad(blocks[:, :, :-o], (0, 0, 0, 0, o, 0))
-        out = out + base[o].view(groups, h // groups).to(x.dtype) * shifted
-        out = torch.addcmul(out, delta[:, :, :, o], shifted)
-    return out.view(b, q, h)
-
-
-class GroupedDynamicCausalConv(nn.Module):
-    """Two causal convolutions around one sublayer: ``prepare`` on its normed input, ``finish`` on
-    its output (before the residual add). Both dynamic parts come from the sublayer's input.
-
-    ``base_kernel`` [2, K, h] (prepare, finish); ``kernel_projection`` h -> 2 * K * groups, the
-    authors' names and shapes. Identity at initialization: tap 0 = 1, the others 0, projection 0.
+    ``options``: the kind's settings and their defaults (``drafter.options`` in a job config, the
+    serving config's keys in an export). The base class is DFlash itself: nothing added.
     """
 
-    def __init__(self, hidden: int, kernel_size: int, group_size: int):
-        super().__init__()
-        self.kernel_size, self.groups = kernel_size, hidden // group_size
-        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden))
-        self.kernel_projection = nn.Linear(hidden, 2 * kernel_size * self.groups, bias=False)
-        self.reset_parameters()
+    name = "dflash"
+    architecture = "DFlashDraftModel"  # the serving config's ``architectures`` entry
+    options: dict = {}
 
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.base_kernel.zero_()
-            self.base_kernel[:, 0] = 1.0
-            self.kernel_projection.weight.zero_()
+    def option(self, config, name: str):
+        """``name`` from ``config`` (:func:`_cfg`), else the kind's default."""
+        return _cfg(config, name, self.options[name])
 
-    def prepare(self, x: torch.Tensor, segment: int) -> tuple[torch.Tensor, torch.Tensor]:
-        delta = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, self.groups)
-        return grouped_causal_conv(x, delta[..., 0, :, :], self.base_kernel[0], segment), delta[..., 1, :, :]
+    def around_attention(self, config) -> tuple[str, KindModule] | None:
+        """(attribute name, module) wrapped around every layer's attention sublayer, or None.
+        The module has ``prepare(x, segment) -> (x, state)`` for the sublayer's normed input and
+        ``finish(y, state, segment) -> y`` for its output, ``segment`` the slots per block."""
+        return None
 
-    def finish(self, x: torch.Tensor, delta: torch.Tensor, segment: int) -> torch.Tensor:
-        return grouped_causal_conv(x, delta, self.base_kernel[1], segment)
+    def around_mlp(self, config) -> tuple[str, KindModule] | None:
+        """As :meth:`around_attention`, for the MLP sublayer."""
+        return None
 
+    def heads(self, config) -> dict[str, KindModule]:
+        """Modules added to the drafter under these attribute names (their tensors ship with it)."""
+        return {}
 
-class CandidateSelector(nn.Module):
-    """Scores a slot's top-k candidates given the token before it:
-    ``S(a, b) = U(b) + <A[a] * P h, B[b]>`` with U the drafter's logit of b, A/B rank-r
-    codebooks (``predecessor_codebook``/``successor_codebook``), P ``hidden_projection``.
-    B starts at zero, so an untrained selector ranks by the logits alone (DFlash's argmax)."""
+    def greedy_draft(self, drafter, hidden, logits, anchor_ids):
+        """The block's greedy drafts [b, P] from its draft slots' final states ``hidden`` [b, P, h],
+        their ``logits`` [b, P, vocab] and ``anchor_ids`` [b]: DFlash takes every slot's argmax."""
+        return logits.argmax(-1)
 
-    def __init__(self, config):
-        super().__init__()
-        rank, vocab = int(_cfg(config, "selector_rank")), _cfg(config, "vocab_size")
-        self.top_k = int(_cfg(config, "selector_top_k"))
-        # Plain [vocab, r] parameters, not nn.Embedding: the served tensors are named
-        # ``candidate_selector.{predecessor,successor}_codebook`` with no ``.weight`` (the authors').
-        self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
-        self.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
-        self.hidden_projection = nn.Linear(_cfg(config, "hidden_size"), rank, bias=False)
-        self.reset_parameters()
+    def serving_fields(self, config) -> dict:
+        """Keys of the kind's serving config: ``{"dflash_config": {...}}`` entries and top-level keys."""
+        return {}
 
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            nn.init.normal_(self.predecessor_codebook, std=1.0)
-            self.successor_codebook.zero_()
+    def options_from_serving(self, config) -> dict:
+        """The kind's options read back from a serving config (a dict): each at the top level or in
+        ``dflash_config``; a ``ValueError`` listing the missing ones."""
+        nested = config.get("dflash_config") or {}
+        found = {k: config.get(k, nested.get(k)) for k in self.options}
+        missing = [k for k, v in found.items() if v is None]
+        if missing:
+            raise ValueError(f"missing required field(s) {[f'dflash_config.{k}' for k in missing]} of a "
+                             f"{self.architecture}")
+        return found
 
-    def scores(self, projected, unary, candidates, predecessors) -> torch.Tensor:
-        """``projected`` [..., r] = P h, ``unary``/``candidates`` [..., k], ``predecessors`` [...]: S [..., k]."""
-        pair = F.embedding(predecessors, self.predecessor_codebook) * projected
-        succ = F.embedding(candidates, self.successor_codebook)
-        return unary + (succ * pair.unsqueeze(-2).to(succ.dtype)).sum(-1).to(unary.dtype)
-
-
-def selector_transitions(selector: CandidateSelector, hidden, logits, anchor_ids):
-    """Every score the walk can visit, in one batched product instead of one small product per slot.
-
-    Slot j's predecessor is one of slot j - 1's k candidates (slot 0's is the anchor), so the
-    walk only ever reads ``T[:, j, a, c]`` = S(candidate a of slot j - 1 -> candidate c of slot j):
-    k x k scores per slot, [b, P, k, k] in all (15 x 16 x 16 for B = 16). Computing them up front
-    leaves the walk itself a chain of tiny index lookups instead of each slot's own gathers and
-    products: the recipe-shaped draft step replayed in its CUDA graph on an H200 went from 0.764 to
-    0.691 ms (DFlash's: 0.535; docs/results/dflash2-h200/draft-step). The product is a matmul over
-    the rank rather than ``CandidateSelector.scores``' broadcast sum, which for all k predecessors
-    would materialize [b, P, k, k, r]: the same S up to rounding (tests: the slow-loop walks).
-    Slot 0's k rows are all the anchor's. Returns ``(T float32, candidates [b, P, k])``."""
-    unary, candidates = torch.topk(logits.float(), selector.top_k, dim=-1)
-    projected = selector.hidden_projection(hidden)  # [b, P, r]
-    anchors = anchor_ids.reshape(-1, 1, 1).expand(-1, 1, selector.top_k)
-    before = torch.cat([anchors, candidates[:, :-1]], dim=1)  # [b, P, k]: each slot's possible predecessors
-    pair = F.embedding(before, selector.predecessor_codebook) * projected.unsqueeze(-2)  # [b, P, k, r]
-    succ = F.embedding(candidates, selector.successor_codebook)  # [b, P, k, r]
-    pairwise = pair.to(succ.dtype) @ succ.transpose(-1, -2)  # [b, P, k (before), k (candidate)]
-    return unary.unsqueeze(-2) + pairwise.float(), candidates
+    def check_options(self, options: dict, config) -> None:
+        """Raise ``ValueError`` naming ``drafter.options.<key>`` for an unknown or impossible option."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise ValueError(f"drafter.options: {unknown} are not options of drafter.kind={self.name} (its options: {known})")
 
 
-def selector_walk(selector: CandidateSelector, hidden, logits, anchor_ids, temperature: float = 0.0, generator=None):
-    """The DFlash2 draft path: a sequential walk over each slot's top-k candidates.
+KINDS: dict[str, DrafterKind] = {}
 
-    ``hidden`` [b, P, h] final-normed states of the P draft slots (the anchor slot excluded),
-    ``logits`` [b, P, vocab] their logits, ``anchor_ids`` [b] the verified token before slot 1.
-    Slot j's predecessor is the token the walk chose at slot j - 1. Greedy (temperature 0)
-    takes argmax S; otherwise a draw from softmax(S / T), whose row q (over the k candidates)
-    the rejection sampler needs. Returns ``(path [b, P], candidates [b, P, k], q [b, P, k] or None)``.
-    The scores come from :func:`selector_transitions`; greedy then needs only each (slot,
-    predecessor)'s best successor and P lookups along the chain.
-    """
-    scores, candidates = selector_transitions(selector, hidden, logits, anchor_ids)
-    rows, slots, k = scores.shape[0], scores.shape[1], scores.shape[-1]
-    if temperature > 0:
-        index, picks, q_rows = torch.zeros(rows, dtype=torch.long, device=scores.device), [], []
-        for slot in range(slots):
-            s = scores[:, slot].gather(1, index.view(-1, 1, 1).expand(-1, 1, k))[:, 0]  # the row after the pick
-            q = torch.softmax(s / temperature, dim=-1)
-            index = torch.multinomial(q, 1, generator=generator)[:, 0]
-            picks.append(index)
-            q_rows.append(q)
-        q_out = torch.stack(q_rows, dim=1)
-    else:
-        best_next = scores.argmax(dim=-1)  # [b, P, k]: the best candidate after each possible predecessor
-        picks = [best_next[:, 0, 0]]
-        for slot in range(1, slots):
-            picks.append(best_next[:, slot].gather(-1, picks[-1][:, None])[:, 0])
-        q_out = None
-    path = candidates.gather(-1, torch.stack(picks, dim=1).unsqueeze(-1))[..., 0]
-    return path, candidates, q_out
 
+def register_kind(kind: DrafterKind) -> DrafterKind:
+    """Make ``kind`` known by its name and its serving architecture."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+register_kind(DrafterKind())
+
+
+def kind_of(config) -> DrafterKind:
+    """The kind a config describes: our ``kind`` field, else a serving config's ``architectures``."""
+    name = _cfg(config, "kind", None)
+    if name is None:
+        names = list(getattr(config, "architectures", None) or [])
+        name = next((k.name for k in KINDS.values() if k.architecture in names), "dflash")
+    if name not in KINDS:
+        raise ValueError(f"unknown drafter kind {name!r}; known: {sorted(KINDS)}")
+    return KINDS[name]
 
 class DFlashDecoderLayer(nn.Module):
     """Qwen3-style pre-norm block whose attention also sees the context features.
 
-    DFlash2 adds ``attention_conv``/``mlp_conv`` (None for DFlash) around each sublayer.
+    A kind may wrap a module around either sublayer (DFlash2: ``attention_conv``, ``mlp_conv``):
+    ``prepare`` on the sublayer's normed input, ``finish`` on its output, before the residual add.
     """
 
-    def __init__(self, config, layer_idx: int):
+    def __init__(self, config, layer_idx: int, kind: DrafterKind | None = None):
         super().__init__()
+        kind = kind or kind_of(config)
         hidden, eps = _cfg(config, "hidden_size"), _cfg(config, "rms_norm_eps")
         self.self_attn = DFlashAttention(config, layer_idx)
         self.mlp = SwiGLU(hidden, _cfg(config, "intermediate_size"))
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.attention_conv = self.mlp_conv = None
-        if is_dflash2(config):
-            kernel, group = int(_cfg(config, "conv_kernel_size")), int(_cfg(config, "conv_group_size"))
-            self.attention_conv = GroupedDynamicCausalConv(hidden, kernel, group)
-            self.mlp_conv = GroupedDynamicCausalConv(hidden, kernel, group)
+        self._wrappers = {}
+        for role, wrapper in (("attention", kind.around_attention(config)), ("mlp", kind.around_mlp(config))):
+            if wrapper is not None:
+                self.add_module(*wrapper)
+                self._wrappers[role] = wrapper[0]
 
-    @staticmethod
-    def _around(conv, sublayer, x, segment):
-        if conv is None:
+    @property
+    def wraps(self) -> bool:
+        """Whether a kind module wraps a sublayer (it then needs the slots per block)."""
+        return bool(self._wrappers)
+
+    def _around(self, role, sublayer, x, segment):
+        name = self._wrappers.get(role)
+        if name is None:
             return sublayer(x)
-        x, delta = conv.prepare(x, segment)
-        return conv.finish(sublayer(x), delta, segment)
+        wrapper = getattr(self, name)
+        x, state = wrapper.prepare(x, segment)
+        return wrapper.finish(sublayer(x), state, segment)
 
     def forward(self, hidden, context, q_rope, ctx_rope, mask, cache=None, segment=None):
-        """``segment``: slots per block (DFlash2's convolutions stay inside a block)."""
+        """``segment``: slots per block (a kind's sublayer wrappers stay inside a block)."""
         def attn(x):
             return self.self_attn(x, context, q_rope, ctx_rope, mask, cache)
 
-        hidden = hidden + self._around(self.attention_conv, attn, self.input_layernorm(hidden), segment)
-        return hidden + self._around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden), segment)
+        hidden = hidden + self._around("attention", attn, self.input_layernorm(hidden), segment)
+        return hidden + self._around("mlp", self.mlp, self.post_attention_layernorm(hidden), segment)
 
 
 class DFlashDrafter(nn.Module):
-    """N decoder layers + ``fc``/``hidden_norm`` over target features + final ``norm``.
-
-    A DFlash2 config (``is_dflash2``) adds each layer's two convolutions and the
-    ``candidate_selector``; decoding then walks the candidates (``selector_walk``).
+    """N decoder layers + ``fc``/``hidden_norm`` over target features + final ``norm``, plus what
+    the config's kind (:func:`kind_of`, ``self.kind``) adds: modules around each layer's sublayers
+    and heads (``self.head_names``; DFlash2's ``candidate_selector``).
 
     The target's embedding and lm_head are not part of this module: the caller embeds
     the block tokens and applies the frozen lm_head to the returned hidden states.
@@ -397,15 +360,20 @@ class DFlashDrafter(nn.Module):
         self.block_size = _cfg(config, "block_size")
         self.layer_types = list(_cfg(config, "layer_types", None) or ["full_attention"] * num_layers)
         self.sliding_window = _cfg(config, "sliding_window", None)
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(num_layers))
+        self.kind = kind_of(config)
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i, self.kind) for i in range(num_layers))
         self.norm = RMSNorm(hidden, eps)
         self.fc = nn.Linear(num_features * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
         self.rotary_emb = RotaryEmbedding(config)
-        self.candidate_selector = CandidateSelector(config) if is_dflash2(config) else None
+        self.head_names = []
+        for name, head in self.kind.heads(config).items():
+            self.add_module(name, head)
+            self.head_names.append(name)
+        self.uses_segments = any(layer.wraps for layer in self.layers)
 
     def conv_segment(self, num_slots: int) -> int:
-        """Slots per convolution segment: whole blocks, or one shorter final block (inference)."""
+        """Slots per segment of a kind's sublayer wrappers: whole blocks, or one shorter final block (inference)."""
         if num_slots % self.block_size == 0:
             return self.block_size
         if num_slots < self.block_size:
@@ -436,7 +404,7 @@ class DFlashDrafter(nn.Module):
         q_rope = self.rotary_emb(block_positions, block_embeds.dtype)
         ctx_rope = self.rotary_emb(context_positions, block_embeds.dtype)
         hidden = block_embeds
-        segment = self.conv_segment(hidden.shape[1]) if self.candidate_selector is not None else None
+        segment = self.conv_segment(hidden.shape[1]) if self.uses_segments else None
         for layer, layer_type in zip(self.layers, self.layer_types):
             mask = masks.get(layer_type) if isinstance(masks, dict) else masks
             hidden = layer(hidden, context, q_rope, ctx_rope, mask, cache, segment)

@@ -148,18 +148,6 @@ class Blocks:
     starts: torch.Tensor | None = None
 
 
-def check_loss_positions(loss_positions: int | None, block_size: int) -> None:
-    """``train.loss_positions`` against the block: 1..B-1 (position 0 is the anchor, with no label).
-    The job config checks it when it loads, the objective's options when they are built."""
-    if loss_positions is None:
-        return
-    if loss_positions < 1:
-        raise ValueError(f"train.loss_positions must be a positive integer or null (all), got {loss_positions}")
-    if loss_positions > block_size - 1:
-        raise ValueError(f"train.loss_positions ({loss_positions}) must be at most drafter.block_size - 1 "
-                         f"({block_size - 1}): block position 0 is the anchor and has no label")
-
-
 def build_blocks(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -175,7 +163,7 @@ def build_blocks(
 
     Block position ``k >= 1`` predicts ``x[a_j + k]``; it counts only if
     ``a_j + k < S`` and ``loss_mask[a_j + k]`` (and the block is kept), ``k <=
-    last_position`` (``train.loss_positions``; None: every position), and, in packed
+    last_position`` (``objective.loss_positions``; None: every position), and, in packed
     rows (``doc_ids`` given), ``x[a_j + k]`` is in the anchor's conversation. Positions
     are then the conversation's own (restarting at 0), not the row's.
     """

@@ -79,7 +79,7 @@ RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "trai
                      "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile",
                      "train.max_bad_steps", "train.drafter_init"}  # (the checkpoint's weights win)
 # Keys added after checkpoints were written: absent from an older checkpoint's config means this value.
-ADDED_KEYS = {"data.trim_loops": False, "train.distill": 0.0}
+ADDED_KEYS = {"data.trim_loops": False, "data.exclude_eval_prompts": False, "data.exclude_prompts": []}
 OPTIM_GROUPS = "optim_groups.json"
 PARTS = "trainer_state.json"
 

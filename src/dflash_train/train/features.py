@@ -5,7 +5,7 @@ A feature source has three methods:
 * ``next_step()``: the micro-batches of this rank's next optimizer step (from the trainer's
   own iterator, whose position a checkpoint records);
 * ``features(micro_batch, input_ids, attention_mask)``: their target features, [rows, s, n*h]
-  (with ``train.distill`` > 0, only ``LocalFeatures``: a pair, the features and the target's
+  (with an ``objective.targets`` kl/tv term, only ``LocalFeatures``: a pair, the features and the target's
   final hidden states [rows, s, h]);
 * ``finish()``: nothing more will be asked (a disaggregated drafter tells its target ranks).
 
@@ -45,7 +45,7 @@ class LocalFeatures:
         self.batches = trainer.batches
         self.target = trainer.target
         self.layer_ids = trainer.drafter_cfg.target_layer_ids
-        self.final_hidden = trainer.opts.distill > 0
+        self.final_hidden = trainer.opts.needs_target_distribution
         self.graphed = None
         if capture is not None or trainer.graph_target_forward:
             self.graphed = GraphedCall(self._packed, "target forward", capture=capture)

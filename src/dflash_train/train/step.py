@@ -1,10 +1,11 @@
 """One optimizer step of the drafter: the code the trainer runs and the benchmark times.
 
 One step = this rank's micro-batches (``grad_accum``), and the matching micro-batches on the
-other drafter ranks. The loss of the step is ``sum(w * CE) / sum(w)`` over ALL its
-micro-batches on ALL ranks: the weight total is known before any backward (labels and weights
-come from the anchors, drawn on the CPU), so splitting a step across micro-batches or ranks
-does not change the gradient, only the float summation order.
+other drafter ranks. The loss of the step is ``sum(w * loss) / N`` over ALL its
+micro-batches on ALL ranks, N the weighting's normalizer (the decay weights' sum, or D-PACE's label
+count): known before any backward (labels and weights come from the anchors, drawn on the CPU), so
+splitting a step across micro-batches or ranks does not change the gradient, only the float
+summation order.
 
 ``mark(phase)`` (default: nothing) is called as each phase ends (``prepare``,
 ``target_forward``, ``drafter_forward``, ``backward``, ``optimizer``); the benchmark's
@@ -13,7 +14,7 @@ profiled pass synchronizes there. The trainer passes none: the step has no host 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,8 @@ import torch.distributed as dist
 from dflash_train.config import OptimConfig, TrainConfig
 from dflash_train.data.batching import MicroBatch
 from dflash_train.devices import to_device_async
-from dflash_train.objective.blocks import default_gamma, sample_batch_anchors, uniform_anchors
+from dflash_train.objective.blocks import sample_batch_anchors, uniform_anchors
+from dflash_train.objective.config import ObjectiveConfig
 from dflash_train.objective.loss import acceptance_stats
 from dflash_train.objective.step import ObjectiveOptions, drafter_loss, make_blocks
 from dflash_train.train.cuda_graphs import GraphedStep
@@ -59,43 +61,30 @@ class Anchors:
 @dataclass
 class StepSpec:
     """What a training step is made of besides its modules: the objective, the anchors, the
-    compile mode. The trainer takes it from the job config (``from_train``), the benchmark from
-    its flags; ``build_train_step`` turns it into the step both run."""
+    compile mode. The trainer takes it from the job config (``from_job``), the benchmark from
+    its recipe and flags; ``build_train_step`` turns it into the step both run."""
 
     block_size: int
     mask_token_id: int
     num_anchors: int
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     seed: int = 0
     anchors: str = "random"  # random (the paper's) or uniform (fixed blocks)
     attention: str = "auto"  # auto: flex on CUDA, sdpa elsewhere
-    gamma: float | None = None  # None: the paper's value for the block size
-    loss_chunk_size: int = 4096
-    distill: float = 0.0
-    loss_positions: int | None = None
-    reach_weighting: bool = False
     compiled: bool = False  # the drafter layers and the loss chunks through torch.compile
     compile_mode: str = "default"  # the layers' inductor mode (reduce-overhead: a graph generation per step)
-    objective_name: str = "ce"  # ce (decayed CE) or dpace (D-PACE weights): objective/loss.py
-    dpace_alpha: float = 0.5
-    selector_out_of_topk: str = "inject"  # DFlash2's selector CE where the label is not a candidate
 
     @classmethod
-    def from_train(cls, train: TrainConfig, block_size: int, mask_token_id: int, compiled: bool) -> StepSpec:
-        return cls(block_size, mask_token_id, train.num_anchors, train.seed, train.anchors, train.attention,
-                   train.gamma, train.loss_chunk_size, train.distill, train.loss_positions, train.reach_weighting,
-                   compiled, train.compile_mode, train.objective, train.dpace_alpha, train.selector_out_of_topk)
+    def from_job(cls, objective: ObjectiveConfig, train: TrainConfig, block_size: int, mask_token_id: int,
+                 compiled: bool) -> StepSpec:
+        return cls(block_size, mask_token_id, train.num_anchors, objective, train.seed, train.anchors,
+                   train.attention, compiled, train.compile_mode)
 
-    def objective(self, device: torch.device) -> ObjectiveOptions:
+    def options(self, device: torch.device) -> ObjectiveOptions:
         attention = self.attention
         if attention == "auto":
             attention = "flex" if device.type == "cuda" else "sdpa"
-        return ObjectiveOptions(
-            block_size=self.block_size, mask_token_id=self.mask_token_id,
-            gamma=self.gamma or default_gamma(self.block_size), attention=attention,
-            loss_chunk_size=self.loss_chunk_size, distill=self.distill, compiled_loss=self.compiled,
-            loss_positions=self.loss_positions, reach_weighting=self.reach_weighting,
-            objective=self.objective_name, dpace_alpha=self.dpace_alpha,
-            selector_out_of_topk=self.selector_out_of_topk)
+        return ObjectiveOptions(self.block_size, self.mask_token_id, self.objective, attention, self.compiled)
 
 
 def build_train_step(spec: StepSpec, model, drafter, target, optim: OptimConfig, total_steps: int,
@@ -108,7 +97,7 @@ def build_train_step(spec: StepSpec, model, drafter, target, optim: OptimConfig,
     scheduler = build_scheduler(optimizer, optim, total_steps, time_fraction)
     anchors = Anchors(spec.anchors, spec.num_anchors, spec.seed, spec.block_size)
     begin = step_begin(spec.compile_mode if spec.compiled else "default")
-    return TrainStep(model, drafter, target, optimizer, scheduler, spec.objective(device), anchors, optim.grad_clip,
+    return TrainStep(model, drafter, target, optimizer, scheduler, spec.options(device), anchors, optim.grad_clip,
                      device, dtype, ranks, begin)
 
 
@@ -178,14 +167,16 @@ class TrainStep:
         return make_blocks(input_ids, loss_mask, anchors, keep, self.opts, doc_ids[0] if doc_ids else None)
 
     def global_weight(self, blocks) -> torch.Tensor:
-        total = sum(b.weights.sum() for b in blocks)
+        """The step's divisor over all its micro-batches and ranks, known before any forward: the
+        decay weights' sum, or the label count under D-PACE (``objective/weighting.py``)."""
+        total = sum(self.opts.normalizer(b) for b in blocks)
         if self.ranks.world > 1:
             dist.all_reduce(total, group=self.ranks.group)
         return total.clamp(min=1e-6)
 
     def __call__(self, micro_batches: list[MicroBatch], features, step_number: int, mark=_no_mark) -> StepResult:
         """Forward + backward of every micro-batch, then one optimizer step. ``features(mb,
-        input_ids, attention_mask)`` gives a micro-batch's target features (and, with distillation,
+        input_ids, attention_mask)`` gives a micro-batch's target features (and, with a kl/tv target,
         the target's final hidden states: a pair)."""
         if self.begin is not None:
             self.begin()
@@ -215,7 +206,7 @@ class TrainStep:
     def _forward_backward(self, blocks, context, total_weight, skip_sync: bool, mark=_no_mark):
         """One micro-batch's drafter forward, loss and backward: (its share of the loss, its stats)."""
         target_hidden = None
-        if self.opts.distill > 0:  # the source also gave the target's final hidden states
+        if self.opts.needs_target_distribution:  # the source also gave the target's final hidden states
             context, target_hidden = context
         autocast = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
         with autocast, no_sync(self.model, skip_sync):

@@ -120,8 +120,8 @@ class Trainer:
         self.counters = Counters()
         budget = self.budget_seconds
         spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None  # the LR follows the clock
-        spec = StepSpec.from_train(cfg.train, self.drafter_cfg.block_size, self.drafter_cfg.mask_token_id,
-                                   self.compiled)
+        spec = StepSpec.from_job(cfg.objective, cfg.train, self.drafter_cfg.block_size,
+                                 self.drafter_cfg.mask_token_id, self.compiled)
         self.step = build_train_step(spec, self.model, self.drafter, self.target, cfg.optim, self.total_steps,
                                      self.device, self.dtype, self.ranks, spent)
         self.opts, self.optimizer, self.scheduler = self.step.opts, self.step.optimizer, self.step.scheduler
@@ -158,7 +158,7 @@ class Trainer:
 
     def _graph_the_step(self, data_parallel) -> None:
         """Replay the step as one CUDA graph (``train.cuda_graph_step``) where it can be captured
-        whole: CUDA, one process, one micro-batch per step, no distillation (its features are a pair),
+        whole: CUDA, one process, one micro-batch per step, no kl/tv target (its features are a pair),
         Inductor's own graphs off (``compile_mode=default``), and an optimizer that reads
         ``found_inf`` on the device (the fused AdamW, Muon)."""
         t = self.cfg.train
@@ -166,7 +166,8 @@ class Trainer:
             return
         why_not = [reason for reason, failed in (
             ("not on CUDA", self.device.type != "cuda"), ("several ranks", self.ranks.world > 1 or data_parallel),
-            ("train.grad_accum > 1", t.grad_accum > 1), ("train.distill > 0", self.opts.distill > 0),
+            ("train.grad_accum > 1", t.grad_accum > 1),
+            ("objective.targets kl/tv (the target's distribution)", self.opts.needs_target_distribution),
             ("train.compile_mode=reduce-overhead", t.compile_mode != "default"),
             ("an optimizer that cannot skip a step on the device", not skips_on_device(self.optimizer))) if failed]
         if why_not:

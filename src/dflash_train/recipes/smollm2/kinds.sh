@@ -1,29 +1,30 @@
 #!/usr/bin/env bash
-# DFlash vs DFlash2, CE vs D-PACE, at equal GPU time on the SmolLM2 recipe (issue 35's ablation), one H200.
-# Each arm trains ABL_MIN minutes of steps (default 1.1, the recipe's ablation length) on the three committed
-# answer sets (features cached on the GPU), is exported in float32 and replayed (exact greedy tau, no verify
-# steps) on the 40 held-out prompts; `dflash-train compare` then pairs every arm with the recipe as it is
-# (dflash, CE weighted by reach) per prompt, on 1-24, 25-40 and 1-40. Steps per arm (from each summary.json)
-# give the step-time cost of the convolutions and the selector.
+# The drafter kinds and objectives at equal GPU time on the SmolLM2 recipe, one H200: a choice made on the
+# `selection` prompts, never on the ones results are reported on. Each arm trains ABL_MIN minutes of steps
+# (default 1.1, the recipe's ablation length) on the three committed answer sets (features cached on the GPU;
+# decontaminated: records asking an evaluation prompt are dropped), is exported in float32 and replayed (exact
+# greedy tau, no verify steps) on the 96 `selection` prompts; `dflash-train compare` then pairs every arm with
+# the recipe as it is (dflash, CE weighted by reach) per prompt and names the arm whose gain is above 2
+# standard errors (`choice:`). Report the chosen arm on `heldout` afterwards (`dflash-train eval`). Steps per
+# arm (from each summary.json) give the step-time cost of each kind.
 #
-# Usage (from the repository root, after `make venv`; ~10 minutes for the four arms on one H200; rerun to finish the arms
+# Usage (from the repository root, after `make venv`; ~2.5 minutes an arm on one H200; rerun to finish the arms
 # not yet replayed, e.g. after a time limit):
 #   STAGES=data bash src/dflash_train/recipes/smollm2/reproduce.sh   # the answer sets, once
 #   bash src/dflash_train/recipes/smollm2/kinds.sh                   # ARMS="dflash2 dflash ..." for a subset
-#   OUT=runs/smollm2/kinds DATA=runs/smollm2/data TARGET=assets/smollm2 ABL_MIN=1.1 DFT=dflash-train
+#   OUT=runs/smollm2/kinds DATA=runs/smollm2/data TARGET=assets/smollm2 ABL_MIN=1.1 DFT=dflash-train LIMIT=96
 #   EXTRA="k=v ..." more training overrides for every arm (a CPU dry run: EXTRA="train.device=cpu ...")
-# Arms: dflash (the recipe), dflash-dpace, dflash2, dflash2-dpace (both with the selector's loss excluding rows whose
-# label is not among the candidates, as first measured), dflash2-inject and dflash2-dpace-inject (the label injected
-# among the candidates: the default since it measured better), dflash2-seed1 (dflash2 again from another
-# seed: how far two trainings of one arm differ), dflash-fp8target (the recipe on an FP8 target's features,
-# target.fp8_linear, replayed with the float32 target like every arm).
+# Arms: dflash (the recipe), dflash-dpace; dflash2, dflash2-dpace (the selector's loss excluding rows whose label
+# is not among the candidates, as first measured), dflash2-inject and dflash2-dpace-inject (the label injected:
+# the default), dflash2-seed1 (another seed: how far two trainings of one arm differ); dflash-fp8target (the
+# recipe on an FP8 target's features, target.fp8_linear, replayed with the float32 target like every arm).
 set -uo pipefail
 TARGET=${TARGET:-assets/smollm2}
 DATA=${DATA:-runs/smollm2/data}
 OUT=${OUT:-runs/smollm2/kinds}
 ABL_MIN=${ABL_MIN:-1.1}
 DFT=${DFT:-dflash-train}
-ARMS=${ARMS:-"dflash2 dflash dflash2-dpace dflash-dpace"}
+ARMS=${ARMS:-"dflash dflash2-dpace-inject"}
 EXTRA=${EXTRA:-}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 T0=$(date +%s)
@@ -34,12 +35,12 @@ PATHS="data.paths=[$DATA/greedy-0.jsonl,$DATA/greedy-1.jsonl,$DATA/greedy-2.json
 overrides() {
   case $1 in
     dflash) echo "" ;;
-    dflash-dpace) echo "train.objective=dpace train.reach_weighting=false" ;;
-    dflash2) echo "drafter.kind=dflash2 train.selector_out_of_topk=exclude" ;;
-    dflash2-dpace) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false train.selector_out_of_topk=exclude" ;;
-    dflash2-inject) echo "drafter.kind=dflash2 train.selector_out_of_topk=inject" ;;
-    dflash2-dpace-inject) echo "drafter.kind=dflash2 train.objective=dpace train.reach_weighting=false train.selector_out_of_topk=inject" ;;
-    dflash2-seed1) echo "drafter.kind=dflash2 train.selector_out_of_topk=exclude train.seed=1" ;;
+    dflash-dpace) echo "objective.weighting=dpace" ;;
+    dflash2) echo "drafter.kind=dflash2 objective.kind.selector_out_of_topk=exclude" ;;
+    dflash2-dpace) echo "drafter.kind=dflash2 objective.weighting=dpace objective.kind.selector_out_of_topk=exclude" ;;
+    dflash2-inject) echo "drafter.kind=dflash2 objective.kind.selector_out_of_topk=inject" ;;
+    dflash2-dpace-inject) echo "drafter.kind=dflash2 objective.weighting=dpace objective.kind.selector_out_of_topk=inject" ;;
+    dflash2-seed1) echo "drafter.kind=dflash2 objective.kind.selector_out_of_topk=exclude train.seed=1" ;;
     dflash-fp8target) echo "target.fp8_linear=true" ;;
     *) echo "unknown arm $1" >&2; return 1 ;;
   esac
@@ -57,12 +58,12 @@ for arm in $ARMS; do
     $over $EXTRA > "$d/train.log" 2>&1 || { echo "train $arm failed: $d/train.log"; continue; }
   stage "train $arm: $(grep -o 'spent at step [0-9]*' "$d/train.log" | tail -1)"
   $DFT export "$d/run" "$d/drafter" --target "$TARGET" --force --dtype float32 > "$d/export.log" 2>&1 &&
-  $DFT replay --target "$TARGET" --drafter "$d/drafter" --prompts heldout --limit "${LIMIT:-40}" --max-new-tokens 128 \
-    --dtype float32 --references "$OUT/refs.json" --batched --out "$d" > "$d/replay.log" 2>&1
+  $DFT replay --target "$TARGET" --drafter "$d/drafter" --prompts selection --limit "${LIMIT:-96}" --max-new-tokens 128 \
+    --dtype float32 --references "$OUT/refs-selection.json" --batched --out "$d" > "$d/replay.log" 2>&1
   stage "replay $arm: $(grep -o 'mean tau [0-9.]*' "$d/replay.log")"
 done
 variants=()
 for arm in $ARMS; do [ "$arm" = dflash ] || variants+=("$OUT/$arm"); done
-$DFT compare "$OUT/dflash" "${variants[@]}" --prompts 1-24 --prompts 25-40 --prompts 1-40 --skip-missing \
-  --json "$OUT/compare.json" | tee "$OUT/compare.txt"
+$DFT compare "$OUT/dflash" "${variants[@]}" --prompts "1-${LIMIT:-96}" --choose "1-${LIMIT:-96}" --min-se 2 \
+  --skip-missing --json "$OUT/compare.json" | tee "$OUT/compare.txt"
 stage "compare: $OUT/compare.txt"
