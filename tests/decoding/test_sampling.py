@@ -113,7 +113,7 @@ class SampledPath:
         return Proposal(torch.cat(tokens), q)
 
 
-@pytest.mark.parametrize("chooser", [None, SampledPath], ids=["dflash", "sampled-path"])
+@pytest.mark.parametrize("chooser", [None, SampledPath, "dspark"], ids=["dflash", "sampled-path", "dspark"])
 def test_end_to_end_sampling_matches_target(chooser):
     """Tokens 2 and 3 of a sampled speculative decode (the first ones that go through
     draft + verify) follow the target's exact marginals, computed by enumeration; also with a
@@ -123,9 +123,15 @@ def test_end_to_end_sampling_matches_target(chooser):
     with torch.no_grad():  # sharpen the distributions so target and drafter disagree clearly
         model.lm_head.weight.mul_(12.0)
     target = Target(model)
-    drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, seed=4)
-    if chooser is not None:
-        drafter.block_chooser = chooser()
+    if chooser == "dspark":  # the Markov chain's own chooser, its bias far from zero
+        drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, seed=4, kind="dspark",
+                                  options={"markov_rank": 4})
+        with torch.no_grad():
+            drafter.markov_head.markov_w2.weight.normal_(std=3.0)
+    else:
+        drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, seed=4)
+        if chooser is not None:
+            drafter.block_chooser = chooser()
     prompt = torch.tensor([[1, 5, 2]])
 
     with torch.no_grad():
@@ -150,4 +156,4 @@ def test_end_to_end_sampling_matches_target(chooser):
     assert chi2_excess(counts2, marg2) < 0
     assert chi2_excess(counts3, marg3) < 0
     assert len(set(taus)) > 1  # both the accept and the reject paths were taken
-    assert chooser is None or drafter.block_chooser.calls >= n  # the path drafter drafted
+    assert chooser in (None, "dspark") or drafter.block_chooser.calls >= n  # the path drafter drafted

@@ -16,7 +16,8 @@
 #   EXTRA="k=v ..." more training overrides for every arm (a CPU dry run: EXTRA="train.device=cpu ...")
 # Arms: dflash (the recipe), dflash-dpace; dflash2, dflash2-dpace (the selector's loss excluding rows whose label
 # is not among the candidates, as first measured), dflash2-inject and dflash2-dpace-inject (the label injected:
-# the default), dflash2-seed1 (another seed: how far two trainings of one arm differ); dflash-fp8target (the
+# the default), dflash2-seed1 (another seed: how far two trainings of one arm differ); dspark, dspark-dpace,
+# dspark-tv (DSpark's published mix, 0.1 CE + 0.9 total variation to the target); dflash-fp8target (the
 # recipe on an FP8 target's features, target.fp8_linear, replayed with the float32 target like every arm).
 set -uo pipefail
 TARGET=${TARGET:-assets/smollm2}
@@ -24,7 +25,7 @@ DATA=${DATA:-runs/smollm2/data}
 OUT=${OUT:-runs/smollm2/kinds}
 ABL_MIN=${ABL_MIN:-1.1}
 DFT=${DFT:-dflash-train}
-ARMS=${ARMS:-"dflash dflash2-dpace-inject"}
+ARMS=${ARMS:-"dflash dflash2-dpace-inject dspark dspark-tv"}
 EXTRA=${EXTRA:-}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 T0=$(date +%s)
@@ -42,6 +43,9 @@ overrides() {
     dflash2-dpace-inject) echo "drafter.kind=dflash2 objective.weighting=dpace objective.kind.selector_out_of_topk=inject" ;;
     dflash2-seed1) echo "drafter.kind=dflash2 objective.kind.selector_out_of_topk=exclude train.seed=1" ;;
     dflash-fp8target) echo "target.fp8_linear=true" ;;
+    dspark) echo "drafter.kind=dspark" ;;
+    dspark-dpace) echo "drafter.kind=dspark objective.weighting=dpace" ;;
+    dspark-tv) echo "drafter.kind=dspark objective.targets={ce:0.1,tv:0.9}" ;;
     *) echo "unknown arm $1" >&2; return 1 ;;
   esac
 }
