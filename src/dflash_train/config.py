@@ -26,6 +26,7 @@ from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.blocks import check_loss_positions
 from dflash_train.objective.loss import OUT_OF_TOPK
+from dflash_train.train.tracking.registry import check_names
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -165,7 +166,21 @@ class TrainConfig:
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     loss_chunk_size: int = 4096  # tokens per lm_head + cross-entropy chunk (full logits are never materialized)
     log_every: int = 10  # steps between metric lines
-    tensorboard: bool = True  # also write TensorBoard events in the run folder
+    # Where the metric records go (train/tracking/): jsonl (RUN/metrics.jsonl, always on even when left
+    # out: the resume and the summary read it), tensorboard (RUN/tensorboard), wandb, mlflow (pip install
+    # dflash-train[wandb] / [mlflow]). Only the main rank logs; a backend that cannot start stops the run
+    # before the target loads, one that fails mid-run is a warning and is dropped
+    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    wandb_project: str | None = None  # the wandb project (null: $WANDB_PROJECT, else dflash-train)
+    wandb_entity: str | None = None  # the wandb team or user (null: your default entity)
+    # online, offline (no network; `wandb sync` uploads later) or disabled; null: $WANDB_MODE, else online
+    wandb_mode: str | None = None
+    wandb_dir: str | None = None  # where wandb writes its run folders (null: the run folder, RUN/wandb/)
+    # MLflow's store: a tracking server (http://HOST:5000), sqlite:///PATH.db, databricks, ...; null:
+    # $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder
+    mlflow_tracking_uri: str | None = None
+    # the MLflow experiment (null: $MLFLOW_EXPERIMENT_NAME, else dflash-train)
+    mlflow_experiment: str | None = None
     progress: bool = True  # a progress bar on the terminal
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes
@@ -203,6 +218,7 @@ class TrainConfig:
         self._validate_choices()
         self._validate_objective()
         self._validate_feature_cache()
+        self._validate_loggers()
         for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
@@ -278,6 +294,13 @@ class TrainConfig:
             raise ValueError("train.feature_cache stores features only; train.distill also needs the target's "
                              "final hidden states at every step: use one or the other")
 
+    def _validate_loggers(self) -> None:
+        """Known backends, each once; the wandb mode one wandb knows."""
+        check_names(self.loggers)
+        if self.wandb_mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"train.wandb_mode must be online, offline, disabled or null, "
+                             f"got {self.wandb_mode!r}")
+
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,
         slower than float32 and less exact, so it is refused here; ``auto`` resolving to the CPU is
@@ -340,13 +363,17 @@ class JobConfig:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+# Keys that were removed, and what took their place (named in the unknown-key error).
+RETIRED = {"train.tensorboard": "train.loggers (without TensorBoard: train.loggers=[jsonl])"}
 
 
 def _build(cls, data: dict[str, Any], where: str):
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(k) for k in set(data) - set(known))
     if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
+        retired = "".join(f"; {where}.{k} is now {RETIRED[f'{where}.{k}']}" for k in unknown
+                          if f"{where}.{k}" in RETIRED)
+        raise ValueError(f"unknown key(s) {unknown} in {where}{retired}; known: {sorted(known)}")
     kwargs = {}
     for name, value in data.items():
         if name == "betas" and isinstance(value, list):
