@@ -6,8 +6,8 @@ run folder; its params are the resolved job config as it started (``train.max_st
 numbers at their steps. ``train.mlflow_tracking_uri`` is any store MLflow takes: a tracking
 server (``http://HOST:5000``), ``sqlite:///PATH.db`` (the extra brings SQLAlchemy for it),
 ``databricks``; null is MLflow's own choice (``$MLFLOW_TRACKING_URI``, else
-``sqlite:///mlflow.db`` in the working folder). MLflow 3 refuses a plain-folder ``file:`` store
-unless ``MLFLOW_ALLOW_FILE_STORE=true``.
+``sqlite:///mlflow.db`` in the working folder, or ``./mlruns`` where that already holds runs).
+MLflow 3.18 refuses a plain-folder ``file:`` store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
 
 What a resume shows. The run id and store are kept in ``RUN/tracking.json``; a resume reopens
 that run (its params stay those it started with: MLflow never changes a param). MLflow keeps

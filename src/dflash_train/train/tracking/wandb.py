@@ -3,9 +3,8 @@
 One wandb run per training run: its config is the resolved job config, its name the run
 folder's, and its id is kept in ``RUN/tracking.json`` so that a resume continues it
 (``resume="allow"``). ``train.wandb_mode=offline`` writes under ``RUN/wandb/`` (or
-``train.wandb_dir``) with no network; ``wandb sync RUN/wandb/offline-run-*`` uploads it later,
-and an offline resume writes a second folder of the same id (``...-ID-1``), synced into the
-same run.
+``train.wandb_dir``) with no network, for ``wandb sync`` to upload later; an offline resume
+writes a second folder with the same run id (``offline-run-<time>-<id>-1`` with wandb 0.31).
 
 What a resume shows. wandb keeps a run's history and refuses a step lower than the last one
 it holds, so nothing logged can be taken back: the steps an interrupted run logged after its
