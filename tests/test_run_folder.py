@@ -23,7 +23,7 @@ SPELLED = {
     "checkpoint folder name": re.compile(r"\bstep-(\d|\{|<|\*|$)"),
     "checkpoints folder": re.compile(r"^checkpoints/?$"),
     "file name": re.compile(r"\b(metrics\.jsonl|summary\.json|compile-artifacts\.bin|checksums\.json|"
-                            r"drafter_config\.json|drafter\.safetensors)\b"),
+                            r"drafter_config\.json|drafter\.safetensors|tracking\.json)\b"),
 }
 
 
@@ -72,8 +72,8 @@ def test_the_check_sees_a_spelled_name(tmp_path):
 
 def test_names_of_existing_run_folders_are_kept():
     """Run folders written before this module existed stay readable: the names do not change."""
-    assert (rf.CONFIG, rf.METRICS, rf.SUMMARY, rf.COMPILE_ARTIFACTS, rf.CHECKPOINTS) == (
-        "config.json", "metrics.jsonl", "summary.json", "compile-artifacts.bin", "checkpoints")
+    assert (rf.CONFIG, rf.METRICS, rf.SUMMARY, rf.COMPILE_ARTIFACTS, rf.CHECKPOINTS, rf.TRACKING) == (
+        "config.json", "metrics.jsonl", "summary.json", "compile-artifacts.bin", "checkpoints", "tracking.json")
     assert (rf.DRAFTER_CONFIG, rf.DRAFTER_WEIGHTS, rf.CHECKSUMS, rf.COMPLETE) == (
         "drafter_config.json", "drafter.safetensors", "checksums.json", "COMPLETE")
     assert rf.checkpoint_dir(Path("run"), 120) == Path("run/checkpoints/step-00000120")

@@ -90,7 +90,7 @@ def _job(root: Path, tmp_path: Path) -> Path:
                  "chat_template": str(root / "qwen3.jinja")},
         "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
         "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 4, "num_anchors": 8,
-                  "log_every": 1, "progress": False, "tensorboard": False},
+                  "log_every": 1, "progress": False, "loggers": ["jsonl"]},
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     return tmp_path / "job.yaml"

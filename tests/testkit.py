@@ -80,7 +80,7 @@ def tiny_chat_job(tmp_path, objective: dict | None = None, **train_overrides) ->
                  "cache_dir": str(tmp_path / "cache")},
         "optim": {"lr": 1e-2, "warmup_ratio": 0.1},
         "train": {"run_dir": str(tmp_path / "run"), "device": "cpu", "max_steps": 16, "num_anchors": 8,
-                  "log_every": 1, "progress": False, "tensorboard": True, **train_overrides},
+                  "log_every": 1, "progress": False, "loggers": ["jsonl", "tensorboard"], **train_overrides},
         "objective": dict(objective or {}),
     }
 

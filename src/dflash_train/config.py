@@ -25,6 +25,7 @@ from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.config import ObjectiveConfig
+from dflash_train.train.tracking.registry import check_names
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -147,7 +148,21 @@ class TrainConfig:
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     log_every: int = 10  # steps between metric lines
-    tensorboard: bool = True  # also write TensorBoard events in the run folder
+    # Where the metric records go (train/tracking/): jsonl (RUN/metrics.jsonl, always on even when left
+    # out: the resume and the summary read it), tensorboard (RUN/tensorboard), wandb, mlflow (pip install
+    # dflash-train[wandb] / [mlflow]). Only the main rank logs; a backend that cannot start stops the run
+    # before the target loads, one that fails mid-run is a warning and is dropped
+    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    wandb_project: str | None = None  # the wandb project (null: $WANDB_PROJECT, else dflash-train)
+    wandb_entity: str | None = None  # the wandb team or user (null: your default entity)
+    # online, offline (no network; `wandb sync` uploads later) or disabled; null: $WANDB_MODE, else online
+    wandb_mode: str | None = None
+    wandb_dir: str | None = None  # where wandb writes its run folders (null: the run folder, RUN/wandb/)
+    # MLflow's store: a tracking server (http://HOST:5000), sqlite:///PATH.db, databricks, ...; null:
+    # $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder
+    mlflow_tracking_uri: str | None = None
+    # the MLflow experiment (null: $MLFLOW_EXPERIMENT_NAME, else dflash-train)
+    mlflow_experiment: str | None = None
     progress: bool = True  # a progress bar on the terminal
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes
@@ -181,6 +196,7 @@ class TrainConfig:
         self._validate_lengths()
         self._validate_choices()
         self._validate_feature_cache()
+        self._validate_loggers()
         for name in ("fsdp_drafter", "fsdp_target", "fp8_drafter"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"train.{name} must be true or false, got {getattr(self, name)!r}")
@@ -229,6 +245,13 @@ class TrainConfig:
                                  f"it has no use with feature_cache={self.feature_cache}")
             if not self.feature_cache_gib >= 0:
                 raise ValueError(f"train.feature_cache_gib must be >= 0, got {self.feature_cache_gib}")
+
+    def _validate_loggers(self) -> None:
+        """Known backends, each once; the wandb mode one wandb knows."""
+        check_names(self.loggers)
+        if self.wandb_mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"train.wandb_mode must be online, offline, disabled or null, "
+                             f"got {self.wandb_mode!r}")
 
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,
@@ -297,23 +320,23 @@ class JobConfig:
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(JobConfig)}
-
-
 def _moved_keys() -> dict[tuple[str, str], str]:
-    """Keys that moved, by (section, key): each kind's settings into ``drafter.options``."""
+    """Keys that were removed, by (section, key), and what took their place (the one-line error names
+    it): each kind's settings into ``drafter.options``, the loss's keys into ``objective``, and more."""
     from dflash_train.models.kinds import KINDS
 
     moved = {("drafter", name): f"drafter.options.{name} (with drafter.kind={kind.name})"
              for kind in KINDS.values() for name in kind.options}
-    return {**moved, **{("train", old): new for old, new in _MOVED_TO_OBJECTIVE.items()}}
+    return {**moved, **{("train", old): new for old, new in _MOVED_FROM_TRAIN.items()}}
 
 
-_MOVED_TO_OBJECTIVE = {  # the loss's keys, once in train, now the objective section's
+_MOVED_FROM_TRAIN = {
     "gamma": "objective.gamma", "loss_positions": "objective.loss_positions", "dpace_alpha": "objective.dpace_alpha",
     "loss_chunk_size": "objective.chunk_size", "reach_weighting": "objective.weighting: reach",
     "objective": "objective.weighting (ce: decay, dpace: dpace)",
     "selector_out_of_topk": "objective.kind.selector_out_of_topk (with drafter.kind=dflash2)",
     "distill": "objective.targets: train.distill=d is {ce: 1 - d, kl: d}",
+    "tensorboard": "train.loggers (without TensorBoard: train.loggers=[jsonl])",
 }
 
 

@@ -11,7 +11,10 @@ drift between the writer and a reader::
       metrics.jsonl               one JSON record per logged step (loss, acceptance, tau, ...)
       summary.json                the job's summary; ``checkpoint`` names its final checkpoint
       compile-artifacts.bin       torch.compile's portable cache (train/compilation.py)
-      tensorboard/                event files
+      tensorboard/                event files (train.loggers: tensorboard)
+      tracking.json               the run ids of the tracking backends (wandb, mlflow), so a resume
+                                  continues the same tracked run (train/tracking/)
+      wandb/                      wandb's own run folders (train.loggers: wandb, train.wandb_dir unset)
       checkpoints/step-00000120/  one checkpoint (train/checkpoint.py lists what it holds):
         config.json               the job config again, so a checkpoint stands alone
         drafter_config.json       the resolved drafter config    } what ``export`` reads
@@ -37,6 +40,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 COMPILE_ARTIFACTS = "compile-artifacts.bin"
 TENSORBOARD = "tensorboard"
+TRACKING = "tracking.json"
 CHECKPOINTS = "checkpoints"
 LOCK = "run.lock"
 

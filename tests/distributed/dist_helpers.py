@@ -33,7 +33,7 @@ def save_tiny_target(folder: Path) -> Path:
 
 
 def job(tmp_path: Path, **train_overrides) -> dict:
-    return tiny_chat_job(tmp_path, **{"tensorboard": False, **train_overrides})
+    return tiny_chat_job(tmp_path, **{"loggers": ["jsonl"], **train_overrides})
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -38,12 +38,14 @@ from dflash_train.run_folder import (
     DRAFTER_WEIGHTS,
     METRICS,
     SUMMARY,
+    TRACKING,
     file_checksums,
 )
 from dflash_train.train.checkpoint import PARTS, CheckpointManager
 from dflash_train.train.compilation import load_artifacts, save_artifacts, save_artifacts_or_warn
 from dflash_train.train.loop import write_run_config, write_summary
-from dflash_train.train.metrics import MetricLogger
+from dflash_train.train.tracking.base import SinkSettings, save_run
+from dflash_train.train.tracking.jsonl import JsonlSink, read_metrics
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -190,15 +192,20 @@ def _metrics_setup(tmp):
     return run
 
 
+def _rewind(run, step: int = 2) -> list[dict]:
+    JsonlSink(SinkSettings(run)).rewind(step)
+    return read_metrics(run)
+
+
 def _rewound(run, kept):
     assert all(r["step"] <= 2 for r in kept) and all(isinstance(r, dict) for r in kept)
-    on_disk = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]
+    on_disk = [json.loads(line) for line in (run / METRICS).read_text().splitlines()]  # every line whole
     assert on_disk == kept, "metrics.jsonl does not hold exactly the rows kept"
 
 
 METRICS_REWIND = Point(
     name="metrics-rewind", setup=_metrics_setup, writes=True, keep=lambda run: [run / METRICS],
-    act=lambda run: MetricLogger(run, tensorboard=False).rewind(2), target=lambda run: run / METRICS,
+    act=_rewind, target=lambda run: run / METRICS,
     check=_rewound, content=lambda run: (run / METRICS).read_bytes(), on_content="recover",
     faults=WRITE_FAULTS + [f"read:{e}" for e in READ_ERRNOS] + ["dangling-link", "link-loop", "a-folder"]
     + ["truncated", "garbage", "latin-1", "utf-16", "deep-nesting", "huge-line", "wrong-types"],
@@ -206,7 +213,7 @@ METRICS_REWIND = Point(
 )
 METRICS_LOG = Point(
     name="metrics-log", setup=_metrics_setup, writes=True, faults=APPEND_FAULTS, target=lambda run: run / METRICS,
-    act=lambda run: MetricLogger(run, tensorboard=False).log(4, {"loss": 0.5}, echo=lambda line: None),
+    act=lambda run: JsonlSink(SinkSettings(run)).log(4, {"loss": 0.5}),
     check=lambda run, _: json.loads((run / METRICS).read_text().splitlines()[-1])["step"] == 4 or pytest.fail(),
 )
 
@@ -215,7 +222,7 @@ def test_rewind_keeps_the_rows_up_to_the_step_and_drops_torn_ones(tmp_path):
     run = _metrics_setup(tmp_path)
     with (run / METRICS).open("a") as fh:
         fh.write('{"step": 2, "lo')  # torn by a kill
-    assert MetricLogger(run, tensorboard=False).rewind(2) == ROWS[:2]
+    assert _rewind(run) == ROWS[:2]
     assert (run / METRICS).read_text() == "".join(json.dumps(r) + "\n" for r in ROWS[:2])
 
 
@@ -239,6 +246,9 @@ RUN_CONFIG = Point(name="run-config", setup=_old_file(CONFIG), writes=True, act=
                    target=lambda run: run / CONFIG, keep=lambda run: [run / CONFIG])
 RUN_SUMMARY = Point(name="run-summary", setup=_old_file(SUMMARY), writes=True, target=lambda run: run / SUMMARY,
                     act=lambda run: write_summary(run, {"steps": 3}), keep=lambda run: [run / SUMMARY])
+TRACKING_IDS = Point(name="tracking-ids", setup=_old_file(TRACKING), writes=True, faults=WRITE_FAULTS,
+                     target=lambda run: run / TRACKING, keep=lambda run: [run / TRACKING],
+                     act=lambda run: save_run(run, "wandb", {"id": "abc", "last_step": 4}))
 
 
 def _save_compiled(run):
@@ -410,20 +420,14 @@ READ_FAULTS = [f"read:{e}" for e in READ_ERRNOS]
 CREATE_FAULTS = [f"write:{e}:create" for e in WRITE_ERRNOS]  # a mkdir: nothing is written or renamed
 
 
-def _timed_logger(run):
-    from dflash_train.train.timings import TimedLogger, Timings
-
-    return TimedLogger(run, tensorboard=False, enabled=True, timings=Timings(torch.device("cpu")))
-
-
-def _open_logger(run):
+def _open_tracking(run):
     from dflash_train.train.trainer import Trainer
 
-    trainer = Trainer.__new__(Trainer)  # only what open_logger reads: no model, no data
-    trainer.logger, trainer.run_dir, trainer.timings = None, run, None
-    trainer.cfg = SimpleNamespace(train=SimpleNamespace(tensorboard=False))
+    trainer = Trainer.__new__(Trainer)  # only what open_tracking reads: no model, no data
+    trainer.tracking, trainer.run_dir, trainer.echo = None, run, print
+    trainer.cfg = SimpleNamespace(train=SimpleNamespace(run_dir=str(run), loggers=["jsonl"]), to_dict=dict)
     trainer.ranks = SimpleNamespace(is_main=True)
-    return trainer.open_logger()
+    return trainer.open_tracking()
 
 
 def _runs_folder(tmp):
@@ -713,15 +717,15 @@ def test_a_killed_conversions_folder_is_swept(tmp_path, capsys):
     assert "removed 2 stale temporary" in capsys.readouterr().err
 
 
-WIRED = [_run_dir_point("timed-logger-run-dir", _timed_logger), _run_dir_point("trainer-run-dir", _open_logger),
+WIRED = [_run_dir_point("trainer-run-dir", _open_tracking),
          *CURVE, CURVE_PLOT, HELDOUT, COMPARE_READ, COMPARE_JSON, SCALING_PLOT, SCALING_JSON, REPLAY_REFS_READ,
          REPLAY_REFS_WRITE, REPLAY_REPORT, BENCH_OUT, DECODE_STEPS_OUT, DISAGG_LOG, OFFLINE_DATA_OUT, PROMPT_SET_OUT,
          MODEL_FOLDER]
 
 
 POINTS = [CHECKPOINT_SAVE, *CHECKPOINT_LOAD, EXPORT_WRITE, *EXPORT_READ, METRICS_REWIND, METRICS_LOG, RUN_CONFIG,
-          RUN_SUMMARY, COMPILE_SAVE, EVAL_REPORT, REGENERATE, _data_point(".jsonl"), _data_point(".json"),
-          _prompt_point(".jsonl"), _prompt_point(".json"), *WIRED]
+          RUN_SUMMARY, TRACKING_IDS, COMPILE_SAVE, EVAL_REPORT, REGENERATE, _data_point(".jsonl"),
+          _data_point(".json"), _prompt_point(".jsonl"), _prompt_point(".json"), *WIRED]
 
 
 @pytest.mark.parametrize(("point", "fault"), cases(POINTS))

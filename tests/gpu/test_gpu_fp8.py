@@ -217,7 +217,7 @@ def _fp8_chat_job(tmp_path, name, **train):
     from testkit import tiny_chat_job
 
     job = tiny_chat_job(tmp_path / name, max_steps=14, device="cuda", num_anchors=16, log_every=1,
-                        tensorboard=False, **train)
+                        loggers=["jsonl"], **train)
     job["data"]["pack"] = True
     job["target"]["dtype"] = "bfloat16"
     return job

@@ -232,7 +232,7 @@ def test_accumulated_micro_batches_equal_one_large_batch():
 
     # the reference: a copy of the drafter, one forward and backward over the large batch
     reference = copy.deepcopy(drafter)
-    opts = spec.objective(torch.device("cpu"))
+    opts = spec.options(torch.device("cpu"))
     step = build_train_step(spec, drafter, drafter, target, OptimConfig(grad_clip=0.0), 10, torch.device("cpu"),
                             torch.float32, RankInfo())
     anchors, keep = step.anchors(both)

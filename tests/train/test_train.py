@@ -329,7 +329,7 @@ def test_heldout_eval_adds_no_compiled_graphs(tmp_path):
     compiled = counters["stats"]["unique_graphs"]
     cfg = SimpleNamespace(prompts=str(prompts), num_prompts=2, max_new_tokens=24)
     trainer = SimpleNamespace(target=target, drafter=drafter, ranks=SimpleNamespace(is_main=True),
-                              counters=SimpleNamespace(step=0), echo=lambda *a: None, logger=None)
+                              counters=SimpleNamespace(step=0), echo=lambda *a: None)
     tau = HeldoutEvaluator(cfg, target.tokenizer)(trainer)
     assert compiled > 0 and tau >= 1.0
     assert counters["stats"]["unique_graphs"] == compiled

@@ -27,6 +27,8 @@ from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import tokenize_before_target, train
 from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_target
 from dflash_train.train.timings import Timings
+from dflash_train.train.tracking.base import SinkSettings
+from dflash_train.train.tracking.registry import check_loggers
 
 
 def _load_target(cfg: TargetConfig, target, device):
@@ -53,6 +55,9 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
         if env.distributed:
             role = "colocated" if not topo.disaggregated else ("drafter" if topo.is_drafter(env.rank) else "target")
             watchdog.start(env.rank, role)
+        if env.rank == 0:  # a tracking backend that cannot start: one line before any rank loads the target
+            watchdog.beat("checking train.loggers")
+            check_loggers(SinkSettings.of_job(cfg, resuming=bool(cfg.train.resume)))
         if target is None and env.rank == 0:  # bad data fails before any rank's target load ends
             watchdog.beat("tokenizing the data set before loading the target")
             tokenize_before_target(cfg.data, cfg.target, cfg.drafter.block_size)

@@ -94,7 +94,7 @@ def format_table(result: dict) -> str:
 def run_plan(args) -> int:
     from dflash_train.config import load_config
 
-    overrides = list(args.overrides) + ["train.progress=false", "train.tensorboard=false"]
+    overrides = list(args.overrides) + ["train.progress=false", "train.loggers=[jsonl]"]
     cfg = load_config(args.config, overrides)
     rates = measure(cfg, steps=args.steps, echo=print)
     result = recommend(rates["target_tokens_per_s"], rates["drafter_tokens_per_s"], args.gpus)

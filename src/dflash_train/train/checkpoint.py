@@ -76,8 +76,11 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled", categ
 # Config fields that may change on resume without changing what is being trained.
 RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "train.save_every_steps",
                      "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
-                     "train.tensorboard", "eval", "train.run_dir", "data.cache_dir", "train.compile",
-                     "train.max_bad_steps", "train.drafter_init"}  # (the checkpoint's weights win)
+                     "eval", "train.run_dir", "data.cache_dir", "train.compile",
+                     "train.max_bad_steps", "train.drafter_init",  # (the checkpoint's weights win)
+                     "train.loggers", "train.wandb_project", "train.wandb_entity", "train.wandb_mode",
+                     "train.wandb_dir", "train.mlflow_tracking_uri", "train.mlflow_experiment",
+                     "train.tensorboard"}  # (train.loggers' predecessor, in older checkpoints' configs)
 # Keys added after checkpoints were written: absent from an older checkpoint's config means this value.
 ADDED_KEYS = {"data.trim_loops": False, "data.exclude_eval_prompts": False, "data.exclude_prompts": []}
 OPTIM_GROUPS = "optim_groups.json"

@@ -34,7 +34,8 @@ class HeldoutEvaluator:
         self.history: list[dict] = []
 
     def __call__(self, trainer) -> float | None:
-        """Mean tau (greedy) at the trainer's current step; None on non-main ranks."""
+        """Mean tau (greedy) at the trainer's current step; None on non-main ranks. The caller
+        logs it (``train/loop.py``, ``heldout_tau``)."""
         tau = None
         if trainer.ranks.is_main:
             step = trainer.counters.step
@@ -49,8 +50,6 @@ class HeldoutEvaluator:
                       "per_position_acceptance": report["per_position_acceptance"]}
             self.history.append(record)
             trainer.echo(f"step {trainer.counters.step} | held-out tau {tau:.3f} on {len(self.prompt_ids)} prompts")
-            if trainer.logger is not None:
-                trainer.logger.log(trainer.counters.step, {"tau": tau}, echo=lambda *_: None)
         if dist.is_available() and dist.is_initialized():
             dist.barrier(group=trainer.ranks.group)  # the drafter ranks only
         return tau

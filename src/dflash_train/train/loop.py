@@ -22,6 +22,9 @@ from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
 from dflash_train.train.compilation import FirstStep
 from dflash_train.train.signals import StopOnSignals
+from dflash_train.train.tracking.base import SinkSettings, Tracking
+from dflash_train.train.tracking.jsonl import read_metrics
+from dflash_train.train.tracking.registry import open_tracking
 from dflash_train.train.trainer import RankInfo, Trainer
 
 
@@ -116,7 +119,7 @@ class StepEnd:
             t.save_checkpoint()
         if self.evaluator is not None and self.eval_due(t) and not t.stop_requested:
             t.ranks.expect_long("held-out evaluation")
-            self.evaluator(t)  # (a stopping run is evaluated once, after its last step, in ``_finish``)
+            heldout_tau(t, self.evaluator)  # (a stopping run: once, after its last step, in ``_finish``)
 
 
 def train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=print, clock=time.monotonic,
@@ -132,24 +135,33 @@ def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=prin
 
     ``ranks`` and ``parts`` (``features``, ``timings``, ``data_parallel``) are what the
     distributed layer passes to the ``Trainer`` (see its docstring). ``clock`` times the
-    steps for ``train.time_budget_minutes`` (tests pass a fake one).
+    steps for ``train.time_budget_minutes`` (tests pass a fake one). The main rank opens the
+    sinks of ``train.loggers`` before the target loads (one that cannot start is one line);
+    they are closed however the job ends.
     """
     is_main = ranks is None or ranks.is_main
     # a target passed in (the distributed layer, tests) was loaded already: nothing to gain
     resume = preflight(cfg, echo if is_main else (lambda *a, **k: None), tokenize=target is None)
-    trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock, **parts)
-    write_run_config(trainer)
-    if resume is not None:
-        trainer.checkpoints.load(resume)
-        trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
-    earlier = trainer.open_logger().rewind(trainer.counters.step if resume is not None else -1)
-    evaluator = make_evaluator(trainer)
-    summary = {}
-    if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
-        summary["tau_before"] = evaluator(trainer)
-    result = trainer.run(StepEnd(trainer, evaluator, summary))
-    trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
-    final = _finish(trainer, result, [r for r in earlier if "loss" in r], evaluator, summary)
+    tracking = Tracking()  # other ranks log nowhere
+    if is_main:
+        tracking = open_tracking(SinkSettings.of_job(cfg, resuming=resume is not None), warn=echo)
+    try:
+        trainer = Trainer(cfg, target=target, ranks=ranks, echo=echo, clock=clock, tracking=tracking, **parts)
+        write_run_config(trainer)
+        if resume is not None:
+            trainer.checkpoints.load(resume)
+            trainer.echo(f"resumed from {resume} at step {trainer.counters.step}")
+        tracking.rewind(trainer.counters.step if resume is not None else -1)
+        earlier = [r for r in read_metrics(trainer.run_dir) if "loss" in r] if is_main else []
+        evaluator = make_evaluator(trainer)
+        summary = {}
+        if evaluator is not None and cfg.eval.at_start and trainer.counters.step == 0:
+            summary["tau_before"] = heldout_tau(trainer, evaluator)
+        result = trainer.run(StepEnd(trainer, evaluator, summary))
+        trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
+        final = _finish(trainer, result, earlier, evaluator, summary)
+    finally:
+        tracking.close()
     if result["stopped_early"]:
         trainer.echo(f"stopped at step {trainer.counters.step} of {trainer.total_steps}: checkpoint {final}; "
                      f"continue with the same config and train.resume=auto")
@@ -175,8 +187,8 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
         if "feature_cache" in result:
             summary["feature_cache"] = result["feature_cache"]
         if evaluator is not None and not result["stopped_early"] and not late:
-            summary["tau_after"] = evaluator(trainer)
-        trainer.logger.close()
+            summary["tau_after"] = heldout_tau(trainer, evaluator)
+        trainer.tracking.close()
         if trainer.ranks.is_main:
             write_summary(trainer.run_dir, summary)
             trainer.checkpoints.prune()  # the checkpoint the old summary named may go now
@@ -192,6 +204,15 @@ def _curve_summary(history: list[dict]) -> dict:
         out["first_expected_acceptance"] = first["expected_acceptance"]
         out["last_expected_acceptance"] = last["expected_acceptance"]
     return out
+
+
+def heldout_tau(trainer: Trainer, evaluator) -> float | None:
+    """Held-out tau at the trainer's step (None on other ranks than the main one), logged as a
+    record of its own, ``{"tau": ...}``, next to the training records."""
+    tau = evaluator(trainer)
+    if tau is not None:
+        trainer.tracking.log(trainer.counters.step, {"tau": tau})
+    return tau
 
 
 def make_evaluator(trainer: Trainer):

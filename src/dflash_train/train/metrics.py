@@ -1,22 +1,20 @@
-"""Training metrics: device-side accumulation, then console, TensorBoard and JSON lines.
+"""Training metrics: device-side accumulation over a logging window, and its console line.
 
-The hot loop only adds tensors on the device; the one host sync happens when a
-logging window closes.
+The hot loop only adds tensors on the device; the one host sync happens when a logging
+window closes. The record it gives goes to the run's sinks (``train/tracking/``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
 
 import torch
 
-from dflash_train.files import atomic_write_text, explained
 from dflash_train.objective.blocks import expected_acceptance_from_accuracy
 from dflash_train.objective.loss import AcceptanceStats
-from dflash_train.run_folder import METRICS, TENSORBOARD
+
+WRITE_TODO = "free space or set train.run_dir elsewhere"  # the advice of a failed write in the run folder
 
 
 class MetricWindow:
@@ -67,89 +65,8 @@ class MetricWindow:
         return out
 
 
-WRITE_TODO = "free space or set train.run_dir elsewhere"
-
-
-def _tensorboard(folder: Path, **kwargs):
-    from torch.utils.tensorboard import SummaryWriter
-
-    with explained("cannot write TensorBoard logs", folder, WRITE_TODO):
-        return SummaryWriter(str(folder), **kwargs)
-
-
-def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """``(line, row)`` for every line of ``path`` that is a JSON object; torn, garbled or
-    non-UTF-8 lines (a kill mid-append, a bad disk) are skipped. Unreadable: one line."""
-    with explained("cannot read metrics", path):
-        data = path.read_bytes()
-    rows = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(row, dict):
-            rows.append((line, row))
-    return rows
-
-
-class MetricLogger:
-    """Writes every record to ``metrics.jsonl`` and TensorBoard, and a short console line.
-
-    A write that fails (no space, an I/O error) is one line naming the file: the run stops
-    there, its last checkpoint intact; a line half-written by it is dropped at the resume
-    (``rewind``)."""
-
-    def __init__(self, run_dir: Path, tensorboard: bool = True, enabled: bool = True):
-        self.enabled = enabled
-        self.path = run_dir / METRICS
-        self.tensorboard_dir = run_dir / TENSORBOARD
-        self.writer = None
-        if enabled and tensorboard:
-            self.writer = _tensorboard(self.tensorboard_dir)
-
-    def rewind(self, step: int) -> list[dict]:
-        """Start logging after ``step`` (a resume; -1 for a fresh run) so the run reads as one:
-        ``metrics.jsonl`` keeps only its rows up to ``step`` (rewritten atomically: the steps
-        redone after the checkpoint are logged again, not twice), and TensorBoard hides events
-        after it (``purge_step``). Returns the rows kept (``summary.json``'s first loss is the
-        run's first). A line that is not JSON (torn by a kill) is dropped."""
-        if not self.enabled:
-            return []
-        kept, lines = [], []
-        if self.path.exists() or self.path.is_symlink():
-            for line, row in _read_rows(self.path):
-                if isinstance(row.get("step"), int) and row["step"] <= step:
-                    kept.append(row)
-                    lines.append(line)
-            atomic_write_text(self.path, "".join(line + "\n" for line in lines), "metrics", WRITE_TODO)
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = _tensorboard(self.tensorboard_dir, purge_step=step + 1)
-        return kept
-
-    def log(self, step: int, record: dict, echo=print) -> None:
-        if not self.enabled:
-            return
-        record = {"step": step, **record}
-        with explained("cannot write metrics", self.path, WRITE_TODO), self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if isinstance(value, int | float) and key != "step" and math.isfinite(value):
-                    self.writer.add_scalar(key, value, step)
-            for k, acc in enumerate(record.get("accuracy", []), start=1):
-                if math.isfinite(acc):
-                    self.writer.add_scalar(f"accuracy/pos{k}", acc, step)
-            self.writer.flush()
-        echo(format_record(record))
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def format_record(record: dict) -> str:
+    """The console line of a record (``step`` included)."""
     parts = [f"step {record['step']}"]
     for key, fmt in (("loss", ".4f"), ("acc_pos1", ".3f"), ("expected_acceptance", ".3f"), ("tau", ".3f"),
                      ("lr", ".2e"), ("tokens_per_s", ".0f")):

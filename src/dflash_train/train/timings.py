@@ -2,8 +2,8 @@
 
 Colocated ranks split a step into the target's forward and the drafter's compute; in the
 disaggregated topology a drafter also waits to receive features and a target waits for
-requests. ``Timings`` collects those spans; ``TimedLogger`` adds their per-step means to
-every metrics record (``metrics.jsonl``: ``target_forward_s``, ``drafter_compute_s``, ...).
+requests. ``Timings`` collects those spans; the trainer adds their per-step means to every
+training record (``metrics.jsonl``: ``target_forward_s``, ``drafter_compute_s``, ...).
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import contextlib
 import time
 
 import torch
-
-from dflash_train.files import explained
-from dflash_train.train.metrics import WRITE_TODO, MetricLogger
 
 
 class Timings:
@@ -88,19 +85,6 @@ class Timings:
         return out
 
 
-class TimedLogger(MetricLogger):
-    """The trainer's logger plus the busy/wait seconds per step of each role."""
-
-    def __init__(self, run_dir, tensorboard: bool, enabled: bool, timings: Timings):
-        with explained("cannot create the run folder", run_dir, WRITE_TODO):
-            run_dir.mkdir(parents=True, exist_ok=True)
-        super().__init__(run_dir, tensorboard, enabled)
-        self.timings = timings
-
-    def log(self, step: int, record: dict, echo=print) -> None:
-        if "loss" in record:  # a training record (not a held-out tau line)
-            extra = self.timings.summary()
-            record = {**record, **extra}
-            if self.enabled and extra:
-                echo("  time/step: " + ", ".join(f"{k[:-2]} {v * 1000:.1f} ms" for k, v in sorted(extra.items())))
-        super().log(step, record, echo)
+def format_timings(spent: dict[str, float]) -> str:
+    """The console line of ``Timings.summary()``: milliseconds per step of each role."""
+    return "  time/step: " + ", ".join(f"{k[:-2]} {v * 1000:.1f} ms" for k, v in sorted(spent.items()))

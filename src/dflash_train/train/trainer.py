@@ -23,12 +23,14 @@ from dflash_train.models.target import Target, choose_mask_token_id
 from dflash_train.models.target_init import init_from_target
 from dflash_train.train.checkpoint import CheckpointManager
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
-from dflash_train.train.metrics import WRITE_TODO, MetricLogger, MetricWindow
+from dflash_train.train.metrics import WRITE_TODO, MetricWindow, format_record
 from dflash_train.train.optim import skips_on_device
 from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_drafter
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import StepResult, StepSpec, build_train_step
-from dflash_train.train.timings import TimedLogger, Timings
+from dflash_train.train.timings import Timings, format_timings
+from dflash_train.train.tracking.base import SinkSettings, Tracking
+from dflash_train.train.tracking.registry import open_tracking
 
 
 @dataclass
@@ -89,11 +91,13 @@ class Trainer:
     factory of the trainer returning its feature source, ``train/features.py``; default: the
     local target), ``timings`` (per-role seconds in the metrics) and ``data_parallel`` (DDP or
     FSDP2 over the drafter ranks, applied with compile and checkpointing before the optimizer).
+    ``tracking`` is where the records go (``train/tracking/``): opened by ``train/loop.py``
+    before the target loads; left out, ``run`` opens the configured sinks itself.
     """
 
     def __init__(self, cfg: JobConfig, target: Target | None = None, ranks: RankInfo | None = None, echo=print,
                  clock=time.monotonic, features=None, timings: Timings | None = None,
-                 data_parallel: DataParallel | None = None):
+                 data_parallel: DataParallel | None = None, tracking: Tracking | None = None):
         self.cfg = cfg
         self.clock = clock
         self.ranks = ranks or RankInfo()
@@ -132,7 +136,7 @@ class Trainer:
         self.stop_requested = False  # agreed by every rank after a step: the loop ends
         self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
-        self.logger: MetricLogger | None = None
+        self.tracking = tracking
         self.checkpoints = CheckpointManager(
             self.run_dir, model=self.model, optimizer=self.optimizer, drafter=self.drafter,
             parts={"counters": self.counters, "data": self.batches, "scheduler": self.scheduler},
@@ -283,7 +287,7 @@ class Trainer:
         """Train to ``total_steps``. ``on_step_end(trainer)`` runs after every step
         (checkpointing, evaluation); SIGTERM/SIGINT finish the step and stop."""
         self._make_run_dir()
-        logger = self.open_logger()
+        self.open_tracking()
         window = MetricWindow()
         bar = self._progress_bar()
         history = []
@@ -302,7 +306,7 @@ class Trainer:
                     if bar is not None:
                         bar.update(1)
                     if self.counters.step % self.cfg.train.log_every == 0 or self._last_step():
-                        history.append(self._log_window(window, logger, bar, grad_norm, micro_batches[0].epoch))
+                        history.append(self._log_window(window, bar, grad_norm, micro_batches[0].epoch))
                     if on_step_end is not None:
                         on_step_end(self)
         finally:
@@ -321,15 +325,23 @@ class Trainer:
     def _last_step(self) -> bool:
         return self.counters.step == self.total_steps or self.stop_requested
 
-    def _log_window(self, window: MetricWindow, logger, bar, grad_norm, epoch: int) -> dict:
-        """Close the logging window: one host sync, the record written and echoed, the window reset."""
+    def _log_window(self, window: MetricWindow, bar, grad_norm, epoch: int) -> dict:
+        """Close the logging window: one host sync, the record (with the per-role seconds of
+        ``timings``) logged and echoed, the window reset."""
         record = {**window.summary(), "lr": self.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
                   "epoch": epoch}
         record["tokens_per_s"] *= self.ranks.world
         self.check_bad_steps()  # the host has just synced for the record
         if self.counters.bad_steps:
             record["bad_steps"] = self.counters.bad_steps
-        logger.log(self.counters.step, record, echo=bar.write if bar is not None else self.echo)
+        echo = bar.write if bar is not None else self.echo
+        if self.timings is not None:
+            spent = self.timings.summary()  # every rank: it resolves and resets the window's spans
+            record.update(spent)
+            if spent:
+                echo(format_timings(spent))
+        self.tracking.log(self.counters.step, record)
+        echo(format_record({"step": self.counters.step, **record}))
         window.reset()
         return {"step": self.counters.step, **record}
 
@@ -338,14 +350,14 @@ class Trainer:
         with explained("cannot create the run folder", self.run_dir, WRITE_TODO):
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
-    def open_logger(self) -> MetricLogger:
-        if self.logger is None:
+    def open_tracking(self) -> Tracking:
+        """The sinks the records go to: those passed in, else the configured ones, opened here
+        for a fresh run (the main rank; the others log nowhere)."""
+        if self.tracking is None:
             self._make_run_dir()
-            if self.timings is None:
-                self.logger = MetricLogger(self.run_dir, self.cfg.train.tensorboard, enabled=self.ranks.is_main)
-            else:
-                self.logger = TimedLogger(self.run_dir, self.cfg.train.tensorboard, self.ranks.is_main, self.timings)
-        return self.logger
+            self.tracking = (open_tracking(SinkSettings.of_job(self.cfg, resuming=False), warn=self.echo)
+                             if self.ranks.is_main else Tracking())
+        return self.tracking
 
     def _count(self, micro_batches: list[MicroBatch]) -> int:
         """Advance the step and the consumed-data counters; this rank's real (unpadded) tokens."""

@@ -1,0 +1,64 @@
+"""The backends by name (``train.loggers``), and opening the ones a job names.
+
+Names map to ``module:Class`` strings so that checking a config imports no backend (and no
+optional package); a backend's module is imported when a job uses it. A fifth backend is one
+module in this package, one line here, and its tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+BACKENDS = {
+    "jsonl": "dflash_train.train.tracking.jsonl:JsonlSink",
+    "tensorboard": "dflash_train.train.tracking.tensorboard:TensorBoardSink",
+    "wandb": "dflash_train.train.tracking.wandb:WandbSink",
+    "mlflow": "dflash_train.train.tracking.mlflow:MlflowSink",
+}
+RECORD = "jsonl"  # metrics.jsonl: always on (resume and the summary read it), listed or not
+
+
+def check_names(loggers) -> None:
+    """``train.loggers`` is a list of known names, each once; else a ``ValueError`` naming the key."""
+    if not isinstance(loggers, list | tuple) or not all(isinstance(name, str) for name in loggers):
+        raise ValueError(f"train.loggers must be a list of names, e.g. [jsonl, tensorboard, wandb], "
+                         f"got {loggers!r}")
+    for name in loggers:
+        if name not in BACKENDS:
+            raise ValueError(f"train.loggers: unknown logger {name!r}; known: {', '.join(sorted(BACKENDS))}")
+        if list(loggers).count(name) > 1:
+            raise ValueError(f"train.loggers: {name!r} is listed twice")
+
+
+def selected(loggers) -> list[str]:
+    """The names a job logs to, in order: ``jsonl`` first (added when left out), then the rest."""
+    return [RECORD] + [name for name in loggers if name != RECORD]
+
+
+def backend(name: str) -> type:
+    module, cls = BACKENDS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def check_loggers(settings) -> None:
+    """Every selected backend's ``check`` (a ``SinkUnavailable`` line for the first that cannot
+    start): what ``torchrun`` jobs run on rank 0 before any rank loads the target."""
+    for name in selected(settings.train.loggers):
+        backend(name).check(settings)
+
+
+def open_tracking(settings, warn=print):
+    """Check and open every selected backend (``base.SinkSettings``): the fan-out of their sinks.
+    One that cannot start is a ``SinkUnavailable`` line, the ones opened before it closed again."""
+    from dflash_train.train.tracking.base import Tracking
+
+    opened = Tracking([], warn)
+    try:
+        for name in selected(settings.train.loggers):
+            cls = backend(name)
+            cls.check(settings)
+            opened.sinks.append(cls(settings))
+    except BaseException:
+        opened.close()
+        raise
+    return opened
