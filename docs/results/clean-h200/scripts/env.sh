@@ -25,7 +25,7 @@ train_arm() {
   echo "$DFT train $COMMON train.run_dir=$K/$arm/run train.time_budget_minutes=$min $*" > $RES/$arm/cmd.txt
   timeout $(( $(left) - 20 )) $DFT train $COMMON train.run_dir=$K/$arm/run train.time_budget_minutes=$min "$@" > $K/$arm/train.log 2>&1
   echo "train $arm rc=$?"; tail -3 $K/$arm/train.log
-  cp $K/$arm/train.log $K/$arm/run/summary.json $RES/$arm/ 2>/dev/null
+  cp $K/$arm/train.log $K/$arm/run/summary.json $K/$arm/run/metrics.jsonl $RES/$arm/ 2>/dev/null
   $DFT export $K/$arm/run $K/$arm/drafter --target assets/smollm2 --force --dtype float32 > $RES/$arm/export.log 2>&1
   echo "export $arm rc=$?"; stage "train+export $arm"
 }
