@@ -37,7 +37,8 @@ import torch
 
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-from dflash_train.models.drafter import DFlashDrafter, selector_walk
+from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.models.kinds.dflash2 import selector_walk
 from dflash_train.models.target import Target
 from dflash_train.models.tiny import tiny_qwen3
 
