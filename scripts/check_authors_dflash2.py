@@ -37,7 +37,8 @@ import torch
 
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-from dflash_train.models.drafter import DFlashDrafter, selector_walk
+from dflash_train.models.drafter import DFlashDrafter
+from dflash_train.models.kinds.dflash2 import selector_walk
 from dflash_train.models.target import Target
 from dflash_train.models.tiny import tiny_qwen3
 
@@ -150,6 +151,16 @@ def _authors_stats(model, target, prompt, new_tokens):
     return out.acceptance_lengths
 
 
+def portable(path: Path) -> str:
+    """The authors' file as the report records it: repository-relative inside this checkout, else
+    ``<z-lab/dflash checkout>/dflash/model.py``; never one machine's absolute path (a committed report is
+    read on other machines; tests/test_no_machine_paths.py fails on such paths)."""
+    path, repo = path.resolve(), Path(__file__).resolve().parents[1]
+    if path.is_relative_to(repo):
+        return str(path.relative_to(repo))
+    return "<z-lab/dflash checkout>/" + "/".join(path.parts[-2:])
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--authors-model", type=Path, required=True, help="the authors' dflash/model.py")
@@ -163,7 +174,7 @@ def main(argv=None) -> dict:
     target = Target(hf_target)
     drafter, cfg = build(target)
     g = torch.Generator().manual_seed(1)
-    report = {"authors_model": str(args.authors_model), "shape": {**SHAPE, "block_size": BLOCK}}
+    report = {"authors_model": portable(args.authors_model), "shape": {**SHAPE, "block_size": BLOCK}}
     report["train_loss_first_last"] = train_briefly(drafter, target, hf_target, args.train_steps, g)
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         folder = export_drafter(drafter, cfg, Path(tmp) / "dflash2", dtype=torch.float32)

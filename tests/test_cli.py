@@ -170,19 +170,19 @@ def test_heldout_evaluation_says_what_it_does_per_prompt(tmp_path):
     assert lines[-1].startswith("step 0 | held-out tau")
 
 
-def test_demo_summary_names_the_run_folder_numbers_and_next_commands():
+def test_demo_summary_names_the_run_folder_numbers_and_next_commands(tmp_path):
     from dflash_train.config import load_config
     from dflash_train.train.cli import demo_plan, demo_summary
 
-    cfg = load_config("cpu-demo", ["train.run_dir=/tmp/demo-run"])
+    run, ckpt = tmp_path / "demo-run", tmp_path / "demo-run" / "checkpoints" / "step-00000120"
+    cfg = load_config("cpu-demo", [f"train.run_dir={run}"])
     result = {"first_loss": 9.5, "last_loss": 4.25, "first_expected_acceptance": 1.1,
-              "last_expected_acceptance": 1.9, "tau_before": 1.0, "tau_after": 1.62,
-              "checkpoint": "/tmp/demo-run/checkpoints/step-00000120"}
+              "last_expected_acceptance": 1.9, "tau_before": 1.0, "tau_after": 1.62, "checkpoint": str(ckpt)}
     text = demo_summary(cfg, result, 330.0)
-    assert "demo: done in 5.5 min" in text and "/tmp/demo-run (checkpoint /tmp/demo-run/checkpoints/step-00000120" in text
+    assert "demo: done in 5.5 min" in text and f"{run} (checkpoint {ckpt}" in text
     assert "9.500 -> 4.250" in text and "1.00 before -> 1.62 after" in text
-    assert "dflash-train export /tmp/demo-run /tmp/demo-run-drafter" in text
-    assert "dflash-train eval --target assets/smollm2 --drafter /tmp/demo-run-drafter" in text
+    assert f"dflash-train export {run} {run}-drafter" in text
+    assert f"dflash-train eval --target assets/smollm2 --drafter {run}-drafter" in text
     assert '"num_speculative_tokens": 7' in text  # block 8: what the exported config serves with
     assert "{" not in text.split("serve:")[0], "no raw JSON before the serving line"
     plan = demo_plan(cfg)

@@ -1,6 +1,6 @@
 # sourced by the device scripts of this folder: wheels, env, the kept folder, helpers
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export K=${K:-/root/keep}
+export K=${K:-$KEEP}
 mkdir -p "$K" assets "$OUT"
 # results accumulate in $K/res across calls; each call brings all of them back as one tarball (8 files at most come back)
 RES=$K/res; mkdir -p $RES

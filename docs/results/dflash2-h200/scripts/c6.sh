@@ -2,10 +2,10 @@
 # call 6: DFlash2's draft step, new walk vs the slot-by-slot one, on a random SmolLM2-shaped target; then the
 # training step of dflash vs dflash2 (+ D-PACE) in the recipe's shape
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD/src:$PWD/tests
-export TORCHINDUCTOR_CACHE_DIR=/tmp/ind
+export TORCHINDUCTOR_CACHE_DIR=<tmp>/ind
 T0=$(date +%s); LIMIT=${LIMIT:-225}
 left() { echo $(( LIMIT - $(date +%s) + T0 )); }
-R=/tmp/rsm; mkdir -p $R && cp .gpu/tok/* $R/
+R=<tmp>/rsm; mkdir -p $R && cp .gpu/tok/* $R/
 python3 -c "
 import torch, transformers as t
 cfg = t.AutoConfig.from_pretrained('$R'); torch.manual_seed(0)

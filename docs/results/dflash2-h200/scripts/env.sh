@@ -1,6 +1,6 @@
 # sourced by the device scripts: wheels, env, the kept folder, helpers
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export K=${K:-/root/keep}
+export K=${K:-$KEEP}
 mkdir -p "$K" assets "$OUT"
 if [ -d .whl ] && [ ! -f $K/site/.done ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $K/site .whl/*.whl >/dev/null 2>&1 && touch $K/site/.done; fi
 export PYTHONPATH=$PWD/src:$PWD/tests:$K/site
