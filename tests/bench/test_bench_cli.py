@@ -113,16 +113,16 @@ def test_bench_times_the_muon_step():
 
 
 def test_bench_times_the_dflash2_and_dpace_step():
-    """--drafter-kind dflash2 / --objective dpace: the timed step trains that drafter (its selector's
+    """--drafter-kind dflash2 / --weighting dpace: the timed step trains that drafter (its selector's
     codebooks are in the step: DFlash2's parameter count exceeds DFlash's) with that objective (the loss
     differs from the CE's after the same steps on the same batches); both are in the JSON's config."""
     from dflash_train.bench.run import BenchConfig, run_bench
 
     base = dict(target_config="tiny", steps=3, warmup=1, profile_steps=0, device="cpu")
     plain = run_bench(BenchConfig(**base), log=lambda *_: None)
-    dpace = run_bench(BenchConfig(**base, objective="dpace"), log=lambda *_: None)
+    dpace = run_bench(BenchConfig(**base, weighting="dpace"), log=lambda *_: None)
     two = run_bench(BenchConfig(**base, drafter_kind="dflash2"), log=lambda *_: None)
-    assert (two["config"]["drafter_kind"], dpace["config"]["objective"]) == ("dflash2", "dpace")
+    assert (two["config"]["drafter_kind"], dpace["config"]["weighting"]) == ("dflash2", "dpace")
     assert two["config"]["drafter_params"] > plain["config"]["drafter_params"]
     assert math.isfinite(dpace["last_loss"]) and dpace["last_loss"] != pytest.approx(plain["last_loss"], rel=1e-4)
     with pytest.raises(ValueError, match="--drafter-kind"):

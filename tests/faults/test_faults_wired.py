@@ -518,7 +518,8 @@ HELDOUT = Point(name="heldout-prompts", setup=_heldout_setup, act=_load_heldout,
 
 
 def _eval_json(lengths: list[list[int]]) -> str:
-    return json.dumps({"prompts": [{"tau": sum(a) / len(a), "acceptance_lengths": a} for a in lengths]})
+    return json.dumps({"prompts": [{"tau": sum(a) / len(a), "kept_lengths": a, "acceptance_lengths": a}
+                                   for a in lengths]})
 
 
 def _reports_setup(tmp):
