@@ -149,9 +149,22 @@ def test_dflash2_is_served_as_the_readme_says(tmp_path):
     assert "drafter.kind=dflash2" in section(text, "4. Export")
     assert config["architectures"] == [claims["architectures"][1]] == ["DFlash2DraftModel"]
     assert config["block_size"] == claims["block_size"]  # the same flags as DFlash
-    stated = section(text, "DFlash or DFlash2; CE or D-PACE")
+    stated = section(text, "Drafter kinds and objectives")
     for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
         assert key in config["dflash_config"] and f"`{key}`" in stated, key
+
+
+def test_dspark_is_served_as_the_readme_says(tmp_path):
+    """The README's DSpark line names the architecture and the keys engines read; the export writes them."""
+    text = readme()
+    claims = serving_claims(text)
+    config, _ = export_as_readme_says(tmp_path, claims, kind="dspark", options={"markov_rank": 8})
+    stated = section(text, "Drafter kinds and objectives")
+    assert config["architectures"] == ["DSparkDraftModel"] and "`DSparkDraftModel`" in stated
+    assert config["block_size"] == claims["block_size"]  # the same flags as DFlash: B - 1 drafts
+    assert (config["markov_rank"], config["markov_head_type"], config["sample_from_anchor"]) == (8, "vanilla", False)
+    for key in ("markov_rank", "markov_head_type: vanilla", "sample_from_anchor: false"):
+        assert f"`{key}`" in stated, key
 
 
 def test_readme_is_short():
