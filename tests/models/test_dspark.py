@@ -285,3 +285,31 @@ def test_serving_folder_keys_tensors_and_round_trips(tmp_path):
                                 return_stats=True)
     ours = speculative_generate(target, loaded.eval(), prompt, max_new_tokens=12)
     assert stats.acceptance_lengths == ours.acceptance_lengths  # the same drafts: the Markov chain
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark"])
+def test_the_compiled_draft_step_drafts_the_kinds_walk(kind):
+    """The static engine's draft step through torch.compile (Inductor's CPU backend; on CUDA the same
+    step is captured in a graph): the kind's chooser traced into it must draft what the reference
+    loop drafts, step for step, and stay lossless. Warnings are errors: a compile failure would
+    otherwise fall back silently to the eager step."""
+    import warnings
+
+    target = Target(tiny_qwen3(num_layers=4, hidden=32, vocab=128))
+    options = OPTIONS if kind == "dspark" else {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    drafter, _ = tiny_drafter(target, num_layers=1, block_size=4, target_layer_ids=[0, 2], kind=kind,
+                              options=options)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if "markov_w2" in name or "codebook" in name:
+                p.normal_(std=1.5)
+    drafter.eval()
+    decoder = StaticDecoder(target, drafter, max_len=48, compile=True, compile_steps=("draft",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for prompt in _prompts(2):
+            ref = speculative_generate(target, drafter, prompt, max_new_tokens=12)
+            out = decoder.speculative(prompt, 12)
+            assert out.tokens == ref.tokens == target_generate(target, prompt, max_new_tokens=12).tokens
+            assert out.acceptance_lengths == ref.acceptance_lengths
+    assert decoder.draft_step.compiled and decoder.draft_step.warm
