@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# call 4: assemble and convert SmolLM2, unpack the answer sets, the decontamination count, DFlash (the recipe) 2.5 min
+# call 4: assemble and convert SmolLM2, unpack the answer sets, the decontamination count, DFlash (the recipe) 2 min
 source docs/results/clean-h200/scripts/env.sh
 cp .gpu/p*/part_* $K/m/
 if [ ! -f $K/smollm2/config.json ]; then
@@ -14,4 +14,4 @@ for i in 1 2 3; do tar xJf docs/results/data/greedy-answers-$i.tar.xz -C $D/.s g
 wc -l $D/greedy-*.jsonl; stage data
 $DFT data inspect --data $D/greedy-0.jsonl $D/greedy-1.jsonl $D/greedy-2.jsonl --tokenizer assets/smollm2 --max-length 512 --block-size 16 --trim-loops --cache-dir $K/cache > $RES/inspect.log 2>&1
 grep -A12 "^data:" $RES/inspect.log | head -14; stage inspect
-train_arm dflash 2.5
+train_arm dflash 2.0
