@@ -203,3 +203,30 @@ def fp8_drafter_grads(device: str, fp8: bool, compile: bool, hidden: int = 128) 
         out = model(embeds, feats, qpos, cpos)
     out.float().square().mean().backward()
     return out.detach().float(), {n: p.grad for n, p in drafter.named_parameters()}
+
+
+def train_stopped_then_resumed(job: dict, stop_at: int, target_factory) -> None:
+    """Train ``job`` (a config dict) but stop after step ``stop_at`` the way a SIGTERM would (the loop
+    saves and ends early), then resume it with ``train.resume=auto`` to its end: the run folder then
+    holds what an interrupted and resumed run writes. ``target_factory()`` gives a fresh target each time."""
+    from dflash_train.config import config_from_dict
+    from dflash_train.train import trainer as trainer_mod
+    from dflash_train.train.loop import train
+
+    original_run = trainer_mod.Trainer.run
+
+    def run_until_stop(self, on_step_end=None):
+        def hook(t):
+            if on_step_end:
+                on_step_end(t)
+            if t.counters.step == stop_at:
+                t.stop_requested = True
+        return original_run(self, hook)
+
+    trainer_mod.Trainer.run = run_until_stop
+    try:
+        train(config_from_dict(job), target=target_factory(), echo=lambda *a: None)
+    finally:
+        trainer_mod.Trainer.run = original_run
+    resumed = config_from_dict({**job, "train": {**job["train"], "resume": "auto"}})
+    train(resumed, target=target_factory(), echo=lambda *a: None)

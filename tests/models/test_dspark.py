@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
-from testkit import tiny_chat_job, tiny_chat_target, tiny_drafter, tiny_qwen3
+from testkit import tiny_chat_job, tiny_chat_target, tiny_drafter, tiny_qwen3, train_stopped_then_resumed
 
 from dflash_train.config import config_from_dict
 from dflash_train.decoding.choosers.dspark import MarkovChooser
@@ -220,26 +220,7 @@ def test_dspark_learns_and_resumes_exactly(tmp_path):
     assert resolved["kind"] == "dspark" and resolved["options"] == {"markov_rank": 16, "confidence_head": True}
 
     split = tmp_path / "split"
-    first = _job(split, max_steps=16)
-    from dflash_train.train import trainer as trainer_mod
-
-    original_run = trainer_mod.Trainer.run
-
-    def run_eight(self, on_step_end=None):
-        def hook(t):
-            if on_step_end:
-                on_step_end(t)
-            if t.counters.step == 8:
-                t.stop_requested = True
-        return original_run(self, hook)
-
-    trainer_mod.Trainer.run = run_eight
-    try:
-        train(config_from_dict(first), target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
-    finally:
-        trainer_mod.Trainer.run = original_run
-    resumed = config_from_dict({**first, "train": {**first["train"], "resume": "auto"}})
-    train(resumed, target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
+    train_stopped_then_resumed(_job(split, max_steps=16), 8, lambda: tiny_chat_target(SMOLLM2))
     torch.testing.assert_close(torch.tensor(_losses(split / "run")), torch.tensor(curve), rtol=1e-5, atol=1e-6)
 
 

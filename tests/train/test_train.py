@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import tiny_chat_job, tiny_chat_target
+from testkit import tiny_chat_job, tiny_chat_target, train_stopped_then_resumed
 
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.models.target import Target
@@ -67,28 +67,9 @@ def test_exact_resume_mid_epoch(tmp_path):
     train(config_from_dict(job(full_dir, max_steps=10)), target=tiny_target(), echo=lambda *a: None)
     reference = losses(full_dir / "run")
     first = job(split_dir, max_steps=10)
-    trainer_cfg = config_from_dict(first)
-    # stop after 5 steps the way a SIGTERM would: the loop saves and ends early
-    from dflash_train.train import trainer as trainer_mod
-
-    original_run = trainer_mod.Trainer.run
-
-    def run_five(self, on_step_end=None):
-        def hook(t):
-            if on_step_end:
-                on_step_end(t)
-            if t.counters.step == 5:
-                t.stop_requested = True
-        return original_run(self, hook)
-
-    trainer_mod.Trainer.run = run_five
-    try:
-        train(trainer_cfg, target=tiny_target(), echo=lambda *a: None)
-    finally:
-        trainer_mod.Trainer.run = original_run
-    assert latest_checkpoint(split_dir / "run").name.endswith("05")
-    resumed = config_from_dict({**first, "train": {**first["train"], "resume": "auto"}})
-    train(resumed, target=tiny_target(), echo=lambda *a: None)
+    # stop after 5 steps the way a SIGTERM would (the loop saves and ends early), then resume
+    train_stopped_then_resumed(first, 5, tiny_target)
+    assert any(c.name.endswith("05") for c in complete_checkpoints(split_dir / "run"))  # the stop saved
     got = losses(split_dir / "run")
     assert len(got) == 10
     torch.testing.assert_close(torch.tensor(got), torch.tensor(reference), rtol=1e-5, atol=1e-6)
