@@ -139,7 +139,7 @@ def test_target_forward_as_cuda_graph_equals_eager():
 def test_compiled_loss_equals_eager_on_cuda(reach_block, weighting):
     """The chunked CE through torch.compile (the trainer's default on CUDA) against the eager chunks:
     the same weighted loss, input gradient and argmax in bf16, SmolLM2's vocabulary; also with
-    ``train.reach_weighting`` (blocks of 8 positions)."""
+    ``objective.weighting`` reach and dpace (blocks of 8 positions)."""
     from dflash_train.objective.loss import LossOptions, chunked_weighted_ce
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -172,16 +172,19 @@ def test_compiled_loss_equals_eager_on_cuda(reach_block, weighting):
 @pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
                     reason="the chat test target takes assets/smollm2's tokenizer")
 @pytest.mark.parametrize("pack,objective", [(True, {}), (False, {}),
-                                            (True, {"loss_positions": 2, "reach_weighting": True}),
+                                            (True, {"loss_positions": 2, "weighting": "reach"}),
                                             (True, {"optim": "muon"}),
-                                            (True, {"kind": "dflash2", "objective": "dpace"})],
-                         ids=["packed", "unpacked", "packed-k2-reach", "packed-muon", "packed-dflash2-dpace"])
+                                            (True, {"kind": "dflash2", "weighting": "dpace"}),
+                                            (True, {"kind": "dspark", "weighting": "reach"})],
+                         ids=["packed", "unpacked", "packed-k2-reach", "packed-muon", "packed-dflash2-dpace",
+                              "packed-dspark-reach"])
 def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     """The trainer's whole step replayed as one CUDA graph (real capture: compiled drafter layers,
     flex_attention, the compiled loss, bf16 autocast, fused AdamW with the LR in a device tensor)
     trains as the eager step does: the same per-step losses and weights after 14 steps, with the LR
     schedule moving every step. Packed rows replay every step after the warm-up. Also with the loss
-    on the first positions only and reach weighting (``train.loss_positions``, ``reach_weighting``), and
+    on the first positions only and reach weighting (``objective.loss_positions``, ``weighting: reach``), with
+    DFlash2 + D-PACE and DSpark (their terms and the Markov bias's gradients inside the graph), and
     with Muon (``optim.name=muon``: its Newton-Schulz iterations and device-side skip in the graph)."""
     from testkit import tiny_chat_job, tiny_chat_target
 
@@ -191,10 +194,10 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     out = {}
     objective = dict(objective)
     optimizer = objective.pop("optim", "adamw")
-    kind = objective.pop("kind", "dflash")  # dflash2: the selector's CE and top-k inside the graph too
+    kind = objective.pop("kind", "dflash")  # dflash2 / dspark: the kind's terms inside the graph too
     for graphed in (False, True):
-        job = tiny_chat_job(tmp_path / str(graphed), max_steps=14, device="cuda", num_anchors=16,
-                            cuda_graph_step=graphed, log_every=1, **objective)
+        job = tiny_chat_job(tmp_path / str(graphed), objective, max_steps=14, device="cuda", num_anchors=16,
+                            cuda_graph_step=graphed, log_every=1)
         job["data"]["pack"] = pack
         job["optim"]["name"] = optimizer
         job["drafter"]["kind"] = kind
@@ -214,6 +217,39 @@ def test_training_step_as_cuda_graph_equals_eager(tmp_path, pack, objective):
     torch.testing.assert_close(torch.tensor(loss), torch.tensor(eager_loss), rtol=2e-3, atol=2e-3)
     for name, value in eager_w.items():
         torch.testing.assert_close(weights[name], value, rtol=1e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("targets", [(("ce", 0.5), ("kl", 0.5)), (("ce", 0.1), ("tv", 0.9))], ids=["kl", "tv"])
+def test_compiled_loss_with_distillation_and_a_logit_bias_equals_eager_on_cuda(targets):
+    """The chunk with the target's distribution (kl, tv) and a trainable rank-r logit bias (DSpark's
+    Markov head) through torch.compile against the eager chunks: loss and every input gradient."""
+    from dflash_train.objective.loss import LossOptions, chunked_loss_parts
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, h, vocab, rank = 4096, 576, 49152, 64
+
+    def inputs():
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        x = torch.randn(n, h, device="cuda", generator=gen).bfloat16().requires_grad_()
+        e = (torch.randn(n, rank, device="cuda", generator=gen) * 0.1).bfloat16().requires_grad_()
+        w2 = (torch.randn(vocab, rank, device="cuda", generator=gen) * 0.1).bfloat16().requires_grad_()
+        return x, e, w2
+
+    head = (torch.randn(vocab, h, device="cuda", generator=g) * 0.05).bfloat16()
+    target_hidden = torch.randn(n, h, device="cuda", generator=g).bfloat16()
+    labels = torch.randint(0, vocab, (n,), device="cuda", generator=g)
+    weights = torch.rand(n, device="cuda", generator=g)
+    out = {}
+    for compiled in (False, True):
+        x, e, w2 = inputs()
+        loss, argmax, _, _ = chunked_loss_parts(x, head, labels, weights, LossOptions(1024, targets, compiled),
+                                                target_hidden, (e, w2))
+        loss.backward()
+        out[compiled] = (loss.detach(), argmax, x.grad.float(), e.grad.float(), w2.grad.float())
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-3, atol=1e-2)
+    assert (out[True][1] == out[False][1]).float().mean() > 0.99
+    for got, want in zip(out[True][2:], out[False][2:]):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-3)
 
 
 @pytest.mark.skipif(not (REPO / "assets" / "smollm2" / "tokenizer.json").exists(),
