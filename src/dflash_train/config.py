@@ -44,9 +44,12 @@ class TargetConfig:
     # The linear layers of the target's decoder layers (attention and MLP projections; never the
     # embedding, lm_head or MoE routers) as FP8 e4m3 matmuls with per-row scales (models/fp8.py):
     # weights quantized once at load (half their memory), activations per token at each call;
-    # features move by a few percent relative RMS. CUDA with compute capability 8.9+ only. Saves memory,
-    # not time yet: the reference bench on an H200 ran at 10,820 context tok/s against 12,860 in bf16
-    # (docs/results/README.md, "FP8 on an H200").
+    # features move by a few percent relative RMS. CUDA with compute capability 8.9+ only. On the
+    # reference bench (H200) it saves memory (30.8 against 37.3 GiB) and, with target.compile, time:
+    # 16,103 context tok/s against 14,508 for the compiled bf16 target
+    # (docs/results/fp8-h200/2026-12-04b/ref-fp8-ct.json, ref-bf16-ct.json); without target.compile it
+    # was slower than bf16, 10,820 against 12,860 (docs/results/fp8-h200/ref-target-fp8.json,
+    # ref-bf16.json, the code of 2026-12-03).
     fp8_linear: bool = False
     # CUDA only: torch.compile each decoder layer of the frozen target (train/parallelize.py,
     # apply_target_compile): norms, rotary, activations and residual adds fuse around the matmuls, and
@@ -188,7 +191,8 @@ class TrainConfig:
     # rowwise scales (models/fp8.py, torchao's "rowwise" recipe); the master weights keep their dtype and
     # are re-quantized every call. Not fc, the embedding, lm_head or DFlash2's small projections.
     # Experimental: keep it only where the loss curve and held-out tau match a run without it; slower
-    # than bf16 so far (reference bench, H200: 9,639 context tok/s against 12,860; docs/results/README.md).
+    # than bf16 so far (reference bench, H200, the code of 2026-12-03: 9,639 context tok/s against 12,860;
+    # docs/results/fp8-h200/ref-drafter-fp8.json, ref-bf16.json).
     # CUDA with compute capability 8.9+ only; not with fsdp_drafter.
     fp8_drafter: bool = False
 
