@@ -46,7 +46,7 @@ _STATS = re.compile(r"statistics\s+draft-\w+:.*#mean acc len = ([\d.]+), #acc ra
 _EVAL = re.compile(r"common_perf_print:\s+eval time =\s+([\d.]+) ms /\s+(\d+) runs")
 _PROMPT_EVAL = re.compile(r"common_perf_print: prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens")
 _SAMPLED = re.compile(r"common_perf_print:\s+samplers time =\s+[\d.]+ ms /\s+(\d+) tokens")
-_PROMPT_TOKENS = re.compile(r"\btokens: \[(.*)\]\s*$", re.M)
+_PROMPT_TOKENS = re.compile(r"\bD tokens: \[ (.*?) \]\n", re.S)  # token texts print raw (newlines too)
 _END_OF_TEXT = " [end of text]\n"
 
 
@@ -227,7 +227,7 @@ def evaluate_prompt(cfg: EngineConfig, prompt: str, n: int, reference: dict | No
     # the tokens within -n: the plain decode's count when it ran (a stop token's place is known there)
     kept = plain.tokens if plain is not None else min(n, spec.tokens)
     record = {"engine_tau": engine_tau(spec.steps, kept), "engine_mean_acc_len": spec.mean_acc_len,
-              "engine_tokens": spec.tokens, "engine_decode_seconds": spec.seconds,
+              "engine_tokens": spec.tokens, "engine_steps": len(spec.steps), "engine_decode_seconds": spec.seconds,
               "engine_acc_rate_per_pos": spec.acc_rate_per_pos,
               "engine_spec_tokens_per_s": spec.tokens / spec.seconds if spec.seconds else 0.0}
     if plain is not None:
@@ -258,6 +258,8 @@ def summarize(records: list[dict], n_draft: int) -> dict:
         "engine_tau": pooled(lambda r: r["engine_tau"]["tau"] * r["engine_tau"]["steps"],
                              lambda r: r["engine_tau"]["steps"]),
         "engine_tau_per_prompt": [r["engine_tau"]["tau"] for r in records],
+        # llama.cpp's own figure (its statistics line per run): all its tokens over all its steps
+        "engine_mean_acc_len": sum(r["engine_tokens"] for r in records) / max(1, sum(r["engine_steps"] for r in records)),
         "engine_mean_acc_len_per_prompt": [r["engine_mean_acc_len"] for r in records],
         "engine_first_step_accepted": [r["engine_tau"]["first_step"]["accepted"] for r in records],
         "engine_overrun_tokens": [r["engine_tau"]["overrun_tokens"] for r in records],
@@ -271,6 +273,8 @@ def summarize(records: list[dict], n_draft: int) -> dict:
         out["speedup"] = out["engine_spec_tokens_per_s"] / max(1e-9, out["engine_plain_tokens_per_s"])
         out["engine_lossless"] = all(r["engine_lossless"] for r in records)
     if all("alignment" in r for r in records):
+        out["ours_tau"] = pooled(lambda r: r["ours_tau"] * len(r["alignment"]["ours"]),
+                                 lambda r: len(r["alignment"]["ours"]))
         out["ours_tau_per_prompt"] = [r["ours_tau"] for r in records]
         out["ours_verified_tau_per_prompt"] = [r["ours_verified_tau"] for r in records]
         out["aligned_equal"] = all(r["alignment"]["equal"] for r in records)
@@ -295,9 +299,9 @@ def format_table(report: dict) -> str:
         first = r["engine_tau"]["first_step"]
         lines.append(f"{i + 1} | {r['engine_tau']['tau']:.2f} | {ours} | {acc} | {first['accepted']}/{first['drafted']}"
                      f" | {a.get('compared_steps', '-')} | {a.get('equal', '-')}")
-    lines.append(f"tau (our rule): llama.cpp {s['engine_tau']:.3f}" +
-                 (f", ours {sum(s['ours_tau_per_prompt']) / len(s['ours_tau_per_prompt']):.3f} (mean of prompts)"
-                  if "ours_tau_per_prompt" in s else ""))
+    lines.append(f"tau (tokens past the first / verify steps, pooled): llama.cpp {s['engine_tau']:.3f}" +
+                 (f", ours {s['ours_tau']:.3f}" if "ours_tau" in s else "") +
+                 f"; llama.cpp's own #mean acc len {s['engine_mean_acc_len']:.3f} (its first step and overrun in)")
     lines.append(f"llama.cpp tok/s: speculative {s['engine_spec_tokens_per_s']:.1f}" +
                  (f", plain {s['engine_plain_tokens_per_s']:.1f}, speedup {s['speedup']:.2f}x"
                   if "engine_plain_tokens_per_s" in s else ""))

