@@ -53,6 +53,7 @@ def test_alignment_between_the_two_ends():
     drafted = [7] * 12 + [1, 7]  # the step reaching -n drafted what was left of it
     aligned = align(_steps(ENGINE, drafted), OURS, n_draft=7)
     assert aligned["equal"] and aligned["compared_steps"] == 11  # not our last step, not the cut one
+    assert aligned["end_steps"] == 1 and aligned["ends_consistent"]  # 1 of 1 drafted: min(7, 1)
     wrong = list(OURS)
     wrong[3] = 6
     broken = align(_steps(ENGINE, drafted), wrong, n_draft=7)

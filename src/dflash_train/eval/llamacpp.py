@@ -200,7 +200,8 @@ def engine_tau(steps: list[EngineStep], kept_tokens: int) -> dict:
 def align(engine: list[EngineStep], ours: list[int], n_draft: int) -> dict:
     """Pair our step ``i`` (``ours[i]`` accepted drafts) with the engine's step ``i + 1`` and compare
     them between the two ends: past the engine's first step, before our last step, and before the
-    first engine step that drafted fewer than ``n_draft`` tokens (``-n`` near)."""
+    first engine step that drafted fewer than ``n_draft`` tokens (``-n`` near). The paired steps past
+    that must agree as truncation predicts (``ends_consistent``)."""
     paired = list(zip(engine[1:], ours))
     compared = 0
     for i, (step, _) in enumerate(paired):
@@ -208,8 +209,12 @@ def align(engine: list[EngineStep], ours: list[int], n_draft: int) -> dict:
             break
         compared = i + 1
     diffs = [i for i in range(compared) if paired[i][0].accepted != paired[i][1]]
+    # past that, a step llama.cpp drafted shorter holds the first N of the drafts we verified: it accepts
+    # min(ours, N) (our last step drafted in full and kept what fit)
+    ends = [i for i in range(compared, len(paired)) if paired[i][0].accepted != min(paired[i][1], paired[i][0].drafted)]
     return {"engine": [s.accepted for s in engine], "engine_drafted": [s.drafted for s in engine], "ours": ours,
-            "compared_steps": compared, "equal": not diffs, "first_difference": diffs[0] if diffs else None}
+            "compared_steps": compared, "equal": not diffs, "first_difference": diffs[0] if diffs else None,
+            "end_steps": len(paired) - compared, "ends_consistent": not ends}
 
 
 def our_tau(tokens: int, steps: int) -> float:
@@ -278,6 +283,7 @@ def summarize(records: list[dict], n_draft: int) -> dict:
         out["ours_tau_per_prompt"] = [r["ours_tau"] for r in records]
         out["ours_verified_tau_per_prompt"] = [r["ours_verified_tau"] for r in records]
         out["aligned_equal"] = all(r["alignment"]["equal"] for r in records)
+        out["aligned_ends_consistent"] = all(r["alignment"]["ends_consistent"] for r in records)
         out["aligned_steps_compared"] = sum(r["alignment"]["compared_steps"] for r in records)
         if all("engine_plain_equals_ours" in r for r in records):
             out["engine_plain_equals_ours"] = all(r["engine_plain_equals_ours"] for r in records)
@@ -307,7 +313,8 @@ def format_table(report: dict) -> str:
                   if "engine_plain_tokens_per_s" in s else ""))
     for key, name in (("engine_lossless", "llama.cpp speculative = llama.cpp plain"),
                       ("engine_plain_equals_ours", "llama.cpp plain = our plain"),
-                      ("aligned_equal", "per-step acceptance equal between the ends")):
+                      ("aligned_equal", "per-step acceptance equal between the ends"),
+                      ("aligned_ends_consistent", "at the end, llama.cpp's shortened drafts accept min(ours, drafted)")):
         if key in s:
             lines.append(f"{name}: {'yes' if s[key] else 'NO'}")
     return "\n".join(lines)
@@ -420,7 +427,8 @@ def run_cli(args) -> int:
     print(format_table(report))
     print(f"wrote {path}")
     s = report["summary"]
-    failed = [k for k in ("engine_lossless", "engine_plain_equals_ours", "aligned_equal") if s.get(k) is False]
+    failed = [k for k in ("engine_lossless", "engine_plain_equals_ours", "aligned_equal", "aligned_ends_consistent")
+              if s.get(k) is False]
     if failed:
         echo(f"eval --engine llama.cpp: FAILED: {', '.join(failed)} (details per prompt in {path})")
         return 1
