@@ -137,3 +137,13 @@ def test_export_gguf_refuses_an_unsupported_target_before_writing(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'qwen2'" in err[0] and "layer inputs" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_eval_without_llamacpp_says_how_to_build_it(tmp_path, capsys, monkeypatch):
+    from dflash_train.cli import main
+
+    monkeypatch.delenv("DFLASH_LLAMA_CPP", raising=False)
+    code = main(["eval", "--engine", "llama.cpp", "--llama-cpp", str(tmp_path / "nowhere"), "--target", "T",
+                 "--drafter", "D", "--prompts", "heldout"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "dflash-train llama-cpp build" in err[0], err

@@ -38,7 +38,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_train.llamacpp import LLAMA_CPP_VERSION
+from dflash_train.llamacpp import LLAMA_CPP_VERSION, LlamaCppError
 
 _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
@@ -150,10 +150,10 @@ def _run(cmd: list[str], what: str, timeout: float) -> tuple[str, str]:
         done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
                               timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{what} ran past {timeout:.0f} s") from None
+        raise LlamaCppError(f"{what} ran past {timeout:.0f} s") from None
     if done.returncode != 0:
         tail = "\n".join(done.stderr.splitlines()[-8:])
-        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{tail}")
+        raise LlamaCppError(f"{what} failed (exit {done.returncode}):\n{tail}")
     return done.stdout, done.stderr
 
 

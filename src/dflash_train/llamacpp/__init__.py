@@ -40,6 +40,11 @@ HF_TO_GGUF_ARCHITECTURE = {
 }
 
 
+class LlamaCppError(ValueError):
+    """A llama.cpp program, its build or its converter failed: the command prints this message (what
+    failed, its exit status, its log's last lines) as its error, without a traceback."""
+
+
 def check_target_architecture(architecture: str, source: str) -> None:
     """One line, up front, when llama.cpp cannot draft for this target architecture."""
     if architecture not in SUPPORTED_TARGET_ARCHITECTURES:

