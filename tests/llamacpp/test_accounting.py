@@ -126,17 +126,18 @@ def test_export_gguf_refuses_an_unsupported_target_before_writing(tmp_path, caps
     save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(ckpt / "drafter.safetensors"))
     (ckpt / CHECKSUMS).write_text(json.dumps(file_checksums(ckpt)))
     (ckpt / "COMPLETE").write_text("")
-    fake = tmp_path / "qwen2.gguf"
-    writer = gguf.GGUFWriter(str(fake), "qwen2")
-    writer.add_array("tokenizer.ggml.tokens", ["a", "b"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--gguf", str(fake)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'qwen2'" in err[0] and "layer inputs" in err[0], err
-    assert not (tmp_path / "out").exists()
+    for arch, expected in (("qwen2", "'qwen2'"), ("qwen3", "vocab_size")):  # unsupported; a different model
+        fake = tmp_path / f"{arch}.gguf"
+        writer = gguf.GGUFWriter(str(fake), arch)
+        writer.add_array("tokenizer.ggml.tokens", ["a", "b"])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--gguf", str(fake)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+        assert not (tmp_path / "out").exists()
 
 
 def test_eval_without_llamacpp_says_how_to_build_it(tmp_path, capsys, monkeypatch):

@@ -159,6 +159,13 @@ def run_export(args: argparse.Namespace) -> int:
     elif args.tokenizer:
         print("dflash-train export: no target known (none in the run's config.json that exists, no --target): "
               "tokenizer not copied")
+    if target_gguf is not None:  # the drafter against the target GGUF, before anything is written
+        from dflash_train.export.gguf import check_pairing
+
+        if cfg.attention_bias:
+            raise ValueError("--gguf: llama.cpp's dflash graph has no attention biases (drafter.attention_bias)")
+        check_pairing({"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+                       "num_target_layers": cfg.num_target_layers}, target_gguf, f"checkpoint {ckpt}")
     drafter = build_drafter(cfg, state, str(ckpt / DRAFTER_WEIGHTS))
     dtype = _DTYPES[args.dtype]
     written = export_drafter(drafter, cfg, out, tokenizer=tokenizer, force=args.force, dtype=dtype)
