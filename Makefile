@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint assets venv clean
+.PHONY: demo test lint assets venv clean llama-cpp
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,12 @@ assets: assets/smollm2/config.json
 demo: venv assets
 	$(VENV)/bin/dflash-train demo
 
-test: venv assets
+# the pinned llama.cpp (tests/llamacpp serve our drafters with it): built once per machine, cached by
+# version outside the repository (~/.cache/dflash_train/llama.cpp/); a no-op once built
+llama-cpp: venv
+	$(VENV)/bin/dflash-train llama-cpp build --jobs 2
+
+test: venv assets llama-cpp
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: venv

@@ -23,14 +23,14 @@ from dflash_train.run_folder import CHECKSUMS, file_checksums
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-MAX_LINES = 425  # (410 before issue 48's experiment tracking: its two lines per backend)
+MAX_LINES = 440  # 410 before issue 48's tracking lines and issue 50's llama.cpp serving block
 
 # The user-facing subcommands (issue 36: every tool a user runs is one). Those not yet registered on
 # this branch are being added by another branch; once merged, PENDING_REGISTRATION should be emptied.
 EXPECTED_SUBCOMMANDS = {
     "train", "demo", "data", "regenerate", "export", "eval", "bench", "plan", "config", "compare",
     "replay", "scaling", "curve", "bench-decode", "bench-generate", "bench-fp8-features", "prompts", "offline-data",
-    "tiny-model",
+    "tiny-model", "llama-cpp",
 }
 PENDING_REGISTRATION: set[str] = set()
 

@@ -34,10 +34,24 @@ def register(subparsers) -> None:
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip plain target decoding (no speedup, no lossless check)")
-    p.add_argument("--engine", choices=("auto", "hf", "static"), default="auto",
+    p.add_argument("--engine", choices=("auto", "hf", "static", "llama.cpp"), default="auto",
                    help="hf: reference loops over the Hugging Face cache (any temperature); static: "
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
-                        "on an H200 for SmolLM2); auto (default): static when greedy, else hf")
+                        "on an H200 for SmolLM2); auto (default): static when greedy, else hf; llama.cpp: "
+                        "decode with llama.cpp (greedy, CPU) beside our reference loop, per-step acceptance "
+                        "aligned (see --llama-cpp)")
+    p.add_argument("--llama-cpp", default=None, metavar="BUILD_DIR",
+                   help="--engine llama.cpp: the llama.cpp build folder (default: $DFLASH_LLAMA_CPP, else the "
+                        "cached build of `dflash-train llama-cpp build`)")
+    p.add_argument("--target-gguf", default=None,
+                   help="--engine llama.cpp: the target as GGUF (default: converted once by llama.cpp's own "
+                        "converter into OUT/target-f32.gguf)")
+    p.add_argument("--drafter-gguf", default=None,
+                   help="--engine llama.cpp: the drafter as GGUF (default: DRAFTER/drafter.gguf when export "
+                        "wrote it, else written into OUT/drafter.gguf)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="--engine llama.cpp: threads per llama.cpp program (default 1: ggml's threads spin, "
+                        "so on a shared machine one is often fastest)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="static engine: torch.compile the steps of --compile-steps before CUDA-graph capture "
                         "(default: on with CUDA, off on CPU); a compile failure warns and keeps the uncompiled step")
@@ -76,6 +90,8 @@ def _compile_steps(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.engine == "llama.cpp":
+        return _run_llamacpp(args)
     import torch
 
     from dflash_train.devices import resolve_device
@@ -107,3 +123,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"LOSSLESS CHECK FAILED on prompt {i}: {lossless['per_prompt'][i]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_llamacpp(args: argparse.Namespace) -> int:
+    """``--engine llama.cpp`` decodes greedily in float32 (an f32 target GGUF): refuse what it cannot do."""
+    from dflash_train.eval.llamacpp import run_cli
+
+    if args.temperature > 0:
+        raise ValueError("--engine llama.cpp: greedy only (--temperature 0)")
+    if args.dtype not in ("auto", "float32") or (args.device or "cpu") != "cpu":
+        raise ValueError("--engine llama.cpp: the reference decodes in float32 on the CPU (--dtype float32)")
+    return run_cli(args)

@@ -120,6 +120,19 @@ def read_training_artifact(path: str | Path) -> tuple[DrafterConfig, dict[str, t
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _gguf_target(path: str | None):
+    """``--gguf TARGET.gguf``: the target GGUF read and its architecture checked, up front (one line
+    when llama.cpp cannot serve a DFlash drafter for it)."""
+    if path is None:
+        return None
+    from dflash_train.export.gguf import read_target_gguf
+    from dflash_train.llamacpp import check_target_architecture
+
+    target = read_target_gguf(path)
+    check_target_architecture(target.architecture, path)
+    return target
+
+
 def run_export(args: argparse.Namespace) -> int:
     from dflash_train.export.serving import build_drafter, check_against_target, export_drafter
 
@@ -127,6 +140,7 @@ def run_export(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.force:
         raise FileExistsError(f"{out} already exists and is not empty; pass --force to replace it")
     ckpt = find_checkpoint(args.run_or_checkpoint)
+    target_gguf = _gguf_target(args.gguf)  # checked before anything is written
     cfg, state, target_path = read_training_artifact(args.run_or_checkpoint)
     target_path = args.target or target_path
     tokenizer = None
@@ -145,9 +159,21 @@ def run_export(args: argparse.Namespace) -> int:
     elif args.tokenizer:
         print("dflash-train export: no target known (none in the run's config.json that exists, no --target): "
               "tokenizer not copied")
+    if target_gguf is not None:  # the drafter against the target GGUF, before anything is written
+        from dflash_train.export.gguf import check_pairing
+
+        if cfg.attention_bias:
+            raise ValueError("--gguf: llama.cpp's dflash graph has no attention biases (drafter.attention_bias)")
+        check_pairing({"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+                       "num_target_layers": cfg.num_target_layers}, target_gguf, f"checkpoint {ckpt}")
     drafter = build_drafter(cfg, state, str(ckpt / DRAFTER_WEIGHTS))
     dtype = _DTYPES[args.dtype]
     written = export_drafter(drafter, cfg, out, tokenizer=tokenizer, force=args.force, dtype=dtype)
+    gguf_path = None
+    if target_gguf is not None:
+        from dflash_train.export.gguf import write_drafter_gguf
+
+        gguf_path = write_drafter_gguf(written, target_gguf.path, dtype=args.dtype)
     summary = {
         "checkpoint": str(ckpt),
         "block_size": cfg.block_size,
@@ -156,6 +182,7 @@ def run_export(args: argparse.Namespace) -> int:
         "mask_token_id": cfg.mask_token_id,
         "dtype": str(dtype).removeprefix("torch."),
         "tokenizer": tokenizer is not None,
+        "gguf": str(gguf_path) if gguf_path else None,
     }
     print(f"dflash-train export: wrote {written} {json.dumps(summary)}")
     return 0
@@ -185,6 +212,14 @@ def register(subparsers) -> None:
         default=None,
         help="target model folder (overrides the one the run's config.json names); checks the pairing, "
         "gives the tokenizer",
+    )
+    p.add_argument(
+        "--gguf",
+        metavar="TARGET_GGUF",
+        default=None,
+        help="also write OUT/drafter.gguf for llama.cpp (--spec-type draft-dflash), with the vocabulary of "
+        "TARGET_GGUF, the target GGUF llama.cpp will serve it with (dflash-train llama-cpp convert makes one); "
+        "its weights take --dtype",
     )
     p.add_argument(
         "--dtype",

@@ -1,0 +1,150 @@
+"""llama.cpp's output read and booked by our rule (no llama.cpp needed): parsing, tau, alignment, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_train.eval.llamacpp import (
+    EngineStep,
+    align,
+    engine_tau,
+    kept_steps,
+    our_tau,
+    parse_completion,
+    parse_speculative,
+)
+from dflash_train.llamacpp import SUPPORTED_TARGET_ARCHITECTURES, check_hf_target, check_target_architecture
+
+# The issue's first prompt (DFlash, B = 8, -n 64): llama.cpp's steps and ours, as they were logged.
+ENGINE = [0, 0, 6, 5, 7, 7, 2, 0, 4, 7, 7, 5, 1, 7]
+OURS = [0, 6, 5, 7, 7, 2, 0, 4, 7, 7, 5, 7]
+
+
+def _steps(accepted, drafted=None):
+    drafted = drafted or [7] * len(accepted)
+    return [EngineStep(a, n, 100 + i) for i, (a, n) in enumerate(zip(accepted, drafted))]
+
+
+def _spec_log(accepted, drafted, tokens, seconds=1.5):
+    lines = ["0.01.848.686 I common_speculative_impl_draft_dflash: - block_size=8, mask_token_id=3"]
+    for i, (a, n) in enumerate(zip(accepted, drafted)):
+        lines.append(f"0.02.{i:03d}.000 D accepted {a}/{n} draft tokens, the last target token is: ({200 + i})")
+    lines += [f"0.03.298.674 I decoded {tokens:4d} tokens in {seconds:8.3f} seconds, speed: {tokens / seconds:8.3f} t/s",
+              "0.03.298.730 I spec common_specu: statistics     draft-dflash: #calls(b,g,a) =    1     14     14, "
+              "#gen drafts =     14, #acc drafts =    10, #gen tokens =     98, #acc tokens =    58, "
+              "#mean acc len = 5.14, #acc rate/pos = (0.71, 0.64, 0.60), dur(b,g,a) = 0.007, 200.727, 0.009 ms"]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_issues_first_prompt_booked_by_our_rule():
+    """72 tokens in 14 steps is llama.cpp's 5.14; within -n 64, past its first step, 63 tokens in 12
+    steps: 5.25, which is our decoder's 63 / 12 on the same prompt."""
+    steps = _steps(ENGINE)
+    assert sum(a + 1 for a in ENGINE) == 72 and round(72 / 14, 2) == 5.14
+    booked = engine_tau(steps, kept_tokens=64)
+    assert booked["steps"] == 12 and booked["tau"] == pytest.approx(63 / 12)
+    assert booked["overrun_tokens"] == 8 and booked["overrun_steps"] == 1
+    assert booked["first_step"] == {"accepted": 0, "drafted": 7}
+    assert our_tau(64, len(OURS)) == pytest.approx(booked["tau"])
+    assert sum(a + 1 for a in OURS) / len(OURS) == pytest.approx(5.75)  # the count before 2026-12-05
+
+
+def test_alignment_between_the_two_ends():
+    drafted = [7] * 12 + [1, 7]  # the step reaching -n drafted what was left of it
+    aligned = align(_steps(ENGINE, drafted), OURS, n_draft=7)
+    assert aligned["equal"] and aligned["compared_steps"] == 11  # not our last step, not the cut one
+    assert aligned["end_steps"] == 1 and aligned["ends_consistent"]  # 1 of 1 drafted: min(7, 1)
+    wrong = list(OURS)
+    wrong[3] = 6
+    broken = align(_steps(ENGINE, drafted), wrong, n_draft=7)
+    assert not broken["equal"] and broken["first_difference"] == 3
+    shortened = [7] * 5 + [3] * 9  # a step with a shortened draft ends the comparison
+    assert align(_steps(ENGINE, shortened), OURS, n_draft=7)["compared_steps"] == 4
+
+
+def test_kept_steps_cuts_the_last_step():
+    assert kept_steps([3, 3, 3], 7) == (3, [3, 3, 1])
+    assert kept_steps([3, 3, 3], 6) == (2, [3, 3])
+    assert kept_steps([3], 0) == (0, [])
+
+
+def test_parse_speculative_reads_steps_text_and_statistics():
+    prompt = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    stdout = "\n\n" + prompt + "Hello there.\n\n\n\n"
+    run = parse_speculative(stdout, _spec_log(ENGINE, [7] * 14, 72), prompt)
+    assert run.text == "Hello there."
+    assert [s.accepted for s in run.steps] == ENGINE and run.steps[0].last_token == 200
+    assert run.tokens == 72 and run.seconds == pytest.approx(1.5)
+    assert run.mean_acc_len == pytest.approx(5.14) and run.acc_rate_per_pos == [0.71, 0.64, 0.6]
+    with pytest.raises(ValueError, match="does not repeat the prompt"):
+        parse_speculative("\n\nother\n\n\n\n", _spec_log(ENGINE, [7] * 14, 72), prompt)
+    with pytest.raises(ValueError, match="accepted A/N"):
+        parse_speculative(stdout, "nothing logged\n", prompt)
+
+
+def test_parse_completion_reads_text_tokens_and_time():
+    stderr = ("0.00.715.426 D tokens: [ '<|im_start|>':1, 'user':4093, '\n':198 ]\n"
+              "0.01.950.871 I common_perf_print:    samplers time =       0.24 ms /    11 tokens\n"
+              "0.01.950.892 I common_perf_print: prompt eval time =     269.98 ms /     3 tokens\n"
+              "0.01.950.893 I common_perf_print:        eval time =     955.26 ms /     7 runs\n")
+    run = parse_completion("\nThe answer is 4. [end of text]\n\n\n", stderr)
+    assert run.text == "The answer is 4." and run.ended_by_stop
+    assert run.prompt_ids == [1, 4093, 198] and run.tokens == 8 and run.runs == 7
+    assert run.seconds == pytest.approx(0.95526)
+    budget = parse_completion("\n\nThe answer\n\n", stderr)  # ended by -n, its text starting with a newline
+    assert budget.text == "\nThe answer" and not budget.ended_by_stop
+
+
+def test_unsupported_target_is_one_line_up_front():
+    assert "llama" in SUPPORTED_TARGET_ARCHITECTURES and "qwen3" in SUPPORTED_TARGET_ARCHITECTURES
+    check_target_architecture("llama", "t.gguf")
+    with pytest.raises(ValueError) as err:
+        check_target_architecture("qwen2", "t.gguf")
+    assert "\n" not in str(err.value) and "'qwen2'" in str(err.value) and "layer inputs" in str(err.value)
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM"):
+        check_hf_target({"architectures": ["Qwen2ForCausalLM"]}, "config.json")
+    check_hf_target({"architectures": ["SomethingNew"]}, "config.json")  # unknown here: checked on its GGUF
+
+
+def test_export_gguf_refuses_an_unsupported_target_before_writing(tmp_path, capsys):
+    """``export --gguf`` reads the target GGUF first: a target whose llama.cpp graph gives a drafter no
+    layer inputs is one line naming it, and nothing is written."""
+    import json
+
+    import gguf
+    from safetensors.torch import save_file
+    from testkit import tiny_drafter, tiny_qwen3
+
+    from dflash_train.cli import main
+    from dflash_train.models.target import Target
+    from dflash_train.run_folder import CHECKSUMS, file_checksums
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000001"
+    ckpt.mkdir(parents=True)
+    drafter, cfg = tiny_drafter(Target(tiny_qwen3()))
+    (ckpt / "drafter_config.json").write_text(json.dumps(cfg.to_dict()))
+    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(ckpt / "drafter.safetensors"))
+    (ckpt / CHECKSUMS).write_text(json.dumps(file_checksums(ckpt)))
+    (ckpt / "COMPLETE").write_text("")
+    for arch, expected in (("qwen2", "'qwen2'"), ("qwen3", "vocab_size")):  # unsupported; a different model
+        fake = tmp_path / f"{arch}.gguf"
+        writer = gguf.GGUFWriter(str(fake), arch)
+        writer.add_array("tokenizer.ggml.tokens", ["a", "b"])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--gguf", str(fake)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0], err
+        assert not (tmp_path / "out").exists()
+
+
+def test_eval_without_llamacpp_says_how_to_build_it(tmp_path, capsys, monkeypatch):
+    from dflash_train.cli import main
+
+    monkeypatch.delenv("DFLASH_LLAMA_CPP", raising=False)
+    code = main(["eval", "--engine", "llama.cpp", "--llama-cpp", str(tmp_path / "nowhere"), "--target", "T",
+                 "--drafter", "D", "--prompts", "heldout"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "dflash-train llama-cpp build" in err[0], err

@@ -1,0 +1,84 @@
+"""The GGUF writer on a tiny export (no llama.cpp needed; tests/llamacpp/test_engine.py holds it to
+llama.cpp's own converter): names, numbering, types, the copied vocabulary, refusals."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from testkit import tiny_drafter, tiny_qwen3
+
+from dflash_train.export.gguf import EXPLICIT_KEYS, GGUF_FILE, KINDS, write_drafter_gguf
+from dflash_train.export.serving import export_drafter, serving_tensor_names
+from dflash_train.models.target import Target
+
+
+def _target_gguf(path, vocab: int, arch: str = "qwen3", hidden: int | None = None, layers: int | None = None):
+    """A vocabulary-only GGUF standing in for the target's (what the writer reads of it)."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    if hidden is not None:
+        writer.add_uint32(f"{arch}.embedding_length", hidden)
+        writer.add_uint32(f"{arch}.block_count", layers)
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)])
+    writer.add_array("tokenizer.ggml.token_type", [1] * vocab)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(params=["dflash", "dflash2"])
+def exported(request, tmp_path):
+    target = Target(tiny_qwen3())
+    extra = {"kind": "dflash2", "selector_rank": 8, "selector_top_k": 4, "conv_group_size": 8} \
+        if request.param == "dflash2" else {}
+    drafter, cfg = tiny_drafter(target, **extra)
+    folder = export_drafter(drafter, cfg, tmp_path / "drafter", dtype=torch.float32)
+    facts = target.facts
+    tg = _target_gguf(tmp_path / "target.gguf", cfg.vocab_size, hidden=facts.hidden_size,
+                      layers=facts.num_hidden_layers)
+    return folder, cfg, drafter, tg
+
+
+def test_keys_tensors_and_vocabulary(exported):
+    folder, cfg, drafter, target = exported
+    path = write_drafter_gguf(folder, target, dtype="bfloat16")
+    assert path == folder / GGUF_FILE
+    reader = gguf.GGUFReader(str(path))
+    f = reader.fields
+    assert f["general.architecture"].contents() == "dflash"
+    assert f["dflash.target_layers"].contents() == [i + 1 for i in cfg.target_layer_ids]  # llama.cpp's numbering
+    assert f["dflash.block_size"].contents() == cfg.block_size
+    assert f["tokenizer.ggml.mask_token_id"].contents() == cfg.mask_token_id
+    assert f["tokenizer.ggml.tokens"].contents()[:3] == ["t0", "t1", "t2"]  # the target's, copied
+    assert all(f[k].contents() is False for k in EXPLICIT_KEYS)
+    assert ("dflash.selector_top_k" in f) == (cfg.kind == "dflash2")
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == len(serving_tensor_names(cfg))  # every serving tensor, once
+    assert tensors["enc.output_norm.weight"].tensor_type.name == "F32"  # norms stay float32
+    assert tensors["blk.0.attn_q.weight"].tensor_type.name == "BF16"
+    fc = np.asarray(tensors["fc.weight"].data).view(np.uint16).astype(np.uint32) << 16
+    assert np.array_equal(fc.view(np.float32).reshape(drafter.fc.weight.shape),
+                          drafter.fc.weight.detach().to(torch.bfloat16).float().numpy())
+
+
+def test_refusals_name_the_problem(exported, tmp_path):
+    folder, cfg, _, _ = exported
+    small = _target_gguf(tmp_path / "small.gguf", cfg.vocab_size - 1)
+    with pytest.raises(ValueError, match="vocab_size"):
+        write_drafter_gguf(folder, small)
+    other = _target_gguf(tmp_path / "qwen2.gguf", cfg.vocab_size, arch="qwen2")
+    with pytest.raises(ValueError, match="'qwen2'"):
+        write_drafter_gguf(folder, other)
+    with pytest.raises(FileNotFoundError, match="llama-cpp convert"):
+        write_drafter_gguf(folder, tmp_path / "missing.gguf")
+    assert not (folder / GGUF_FILE).exists()  # nothing half-written
+
+
+def test_one_entry_per_serving_architecture():
+    assert set(KINDS) == {"DFlashDraftModel", "DFlash2DraftModel"}
