@@ -32,12 +32,14 @@ def _target_gguf(path, vocab: int, arch: str = "qwen3", hidden: int | None = Non
     return path
 
 
-@pytest.fixture(params=["dflash", "dflash2"])
+KIND_OPTIONS = {"dflash": {}, "dflash2": {"selector_rank": 8, "selector_top_k": 4, "conv_group_size": 8},
+                "dspark": {"markov_rank": 8}}
+
+
+@pytest.fixture(params=sorted(KIND_OPTIONS))
 def exported(request, tmp_path):
     target = Target(tiny_qwen3())
-    extra = {"kind": "dflash2", "selector_rank": 8, "selector_top_k": 4, "conv_group_size": 8} \
-        if request.param == "dflash2" else {}
-    drafter, cfg = tiny_drafter(target, **extra)
+    drafter, cfg = tiny_drafter(target, kind=request.param, options=KIND_OPTIONS[request.param])
     folder = export_drafter(drafter, cfg, tmp_path / "drafter", dtype=torch.float32)
     facts = target.facts
     tg = _target_gguf(tmp_path / "target.gguf", cfg.vocab_size, hidden=facts.hidden_size,
@@ -58,6 +60,7 @@ def test_keys_tensors_and_vocabulary(exported):
     assert f["tokenizer.ggml.tokens"].contents()[:3] == ["t0", "t1", "t2"]  # the target's, copied
     assert all(f[k].contents() is False for k in EXPLICIT_KEYS)
     assert ("dflash.selector_top_k" in f) == (cfg.kind == "dflash2")
+    assert ("dflash.has_confidence_head" in f) == (cfg.kind == "dspark")
     tensors = {t.name: t for t in reader.tensors}
     assert len(tensors) == len(serving_tensor_names(cfg))  # every serving tensor, once
     assert tensors["enc.output_norm.weight"].tensor_type.name == "F32"  # norms stay float32
@@ -81,4 +84,34 @@ def test_refusals_name_the_problem(exported, tmp_path):
 
 
 def test_one_entry_per_serving_architecture():
-    assert set(KINDS) == {"DFlashDraftModel", "DFlash2DraftModel"}
+    """Every registered drafter kind can be written for llama.cpp, with its spec type."""
+    from dflash_train.export.gguf import spec_type
+    from dflash_train.models.kinds import get_kind, kind_names
+
+    assert set(KINDS) == {get_kind(name).architecture for name in kind_names()}
+    assert {KINDS[arch]({"num_hidden_layers": 1, "dflash_config": {"conv_kernel_size": 2, "conv_group_size": 8,
+                                                                    "selector_rank": 4, "selector_top_k": 4}}
+                        ).spec_type for arch in KINDS} == {"draft-dflash", "draft-dspark"}
+    assert callable(spec_type)
+
+
+def test_dspark_tensors_keep_their_values_and_the_confidence_head_is_announced(tmp_path):
+    """The Markov head's two matrices and the confidence projection as llama.cpp names and shapes
+    them (GGUF dims reversed from torch's), float32 values unchanged; without the head, no conf_proj
+    and has_confidence_head false."""
+    target = Target(tiny_qwen3())
+    facts = target.facts
+    for confidence in (True, False):
+        drafter, cfg = tiny_drafter(target, kind="dspark", options={"markov_rank": 8, "confidence_head": confidence})
+        folder = export_drafter(drafter, cfg, tmp_path / f"d{confidence}", dtype=torch.float32)
+        tg = _target_gguf(tmp_path / f"t{confidence}.gguf", cfg.vocab_size, hidden=facts.hidden_size,
+                          layers=facts.num_hidden_layers)
+        reader = gguf.GGUFReader(str(write_drafter_gguf(folder, tg)))
+        tensors = {t.name: t for t in reader.tensors}
+        assert reader.fields["dflash.has_confidence_head"].contents() is confidence
+        assert ("conf_proj.weight" in tensors) is confidence
+        w1 = drafter.markov_head.markov_w1.weight.detach().numpy()
+        assert [int(x) for x in tensors["markov_w1.weight"].shape] == [8, cfg.vocab_size]
+        assert np.array_equal(np.asarray(tensors["markov_w1.weight"].data).reshape(w1.shape), w1)
+        if confidence:
+            assert [int(x) for x in tensors["conf_proj.weight"].shape] == [cfg.hidden_size + 8, 1]

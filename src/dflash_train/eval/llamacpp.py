@@ -3,7 +3,8 @@
 For each prompt (chat template applied by the target's tokenizer, passed to llama.cpp as text),
 three decodes in llama.cpp and two of ours, all greedy:
 
-- ``llama-speculative-simple --spec-type draft-dflash -lv 5``: the engine's speculative decode.
+- ``llama-speculative-simple --spec-type draft-dflash -lv 5`` (``draft-dspark`` for a DSpark drafter):
+  the engine's speculative decode.
   Per verify step it logs ``accepted A/N draft tokens``; at the end its own statistics
   (``#mean acc len``, acceptance per block position) and ``decoded K tokens in T seconds``;
 - ``llama-completion``: the engine's plain greedy decode (its tokens/s; the lossless reference);
@@ -129,7 +130,8 @@ def parse_completion(stdout: str, stderr: str) -> PlainRun:
 
 @dataclass
 class EngineConfig:
-    """How llama.cpp runs: its programs, the two GGUFs, the draft length (B - 1), threads, context."""
+    """How llama.cpp runs: its programs, the two GGUFs, the draft length (B - 1), threads, context, and
+    the drafter kind's ``--spec-type`` (``export/gguf.py``: draft-dflash, draft-dspark)."""
 
     binaries: dict[str, Path]
     target_gguf: Path
@@ -138,6 +140,7 @@ class EngineConfig:
     threads: int = 1
     context: int = 2048
     timeout_s: float = 600.0
+    spec_type: str = "draft-dflash"
 
 
 def _common(cfg: EngineConfig, prompt: str, n: int) -> list[str]:
@@ -159,7 +162,7 @@ def _run(cmd: list[str], what: str, timeout: float) -> tuple[str, str]:
 
 def run_speculative(cfg: EngineConfig, prompt: str, n: int) -> SpecRun:
     cmd = [str(cfg.binaries["llama-speculative-simple"]), "-m", str(cfg.target_gguf), "-md", str(cfg.drafter_gguf),
-           "--spec-type", "draft-dflash", "--spec-draft-n-max", str(cfg.n_draft), *_common(cfg, prompt, n)]
+           "--spec-type", cfg.spec_type, "--spec-draft-n-max", str(cfg.n_draft), *_common(cfg, prompt, n)]
     return parse_speculative(*_run(cmd, "llama-speculative-simple", cfg.timeout_s), prompt)
 
 
@@ -386,7 +389,7 @@ def run_cli(args) -> int:
 
     import torch
 
-    from dflash_train.export.gguf import read_target_gguf
+    from dflash_train.export.gguf import read_target_gguf, spec_type
     from dflash_train.export.serving import _read_json
     from dflash_train.llamacpp import check_hf_target, check_target_architecture
     from dflash_train.llamacpp.build import find_binaries
@@ -407,7 +410,8 @@ def run_cli(args) -> int:
 
     target, drafter, ids = load_eval_inputs(args.target, args.drafter, args.prompts, args.limit, "cpu", torch.float32)
     block = args.block_size or drafter.block_size
-    cfg = EngineConfig(binaries, target_gguf, drafter_gguf, block - 1, threads=args.threads)
+    cfg = EngineConfig(binaries, target_gguf, drafter_gguf, block - 1, threads=args.threads,
+                       spec_type=spec_type(args.drafter))
     records = []
     for i, prompt_ids in enumerate(ids):
         reference = _reference(target, drafter, prompt_ids, args.max_new_tokens, block)

@@ -21,8 +21,9 @@ Where each part comes from:
   and ``dflash.sample_from_anchor = false`` (drafts come from the mask slots 1..B-1; the
   anchor's slot predicts nothing; llama.cpp reads it only with a DSpark Markov head);
 - one **kind entry** per serving architecture (:data:`KINDS`): a function of the serving
-  config that returns the kind's extra keys and its tensor names. DFlash2 adds the
-  convolution and selector keys and tensors. A new kind (DSpark) is one more entry.
+  config that returns the kind's extra keys, its tensor names and the ``--spec-type`` llama.cpp
+  serves it with. DFlash2 adds the convolution and selector keys and tensors; DSpark the Markov
+  and confidence heads (``draft-dspark``).
 
 Tensor types follow llama.cpp's converter: 1-D tensors, norms and names without ``.weight``
 (DFlash2's ``attn_conv_base``) stay float32, the rest take ``dtype``. A test converts the same
@@ -66,10 +67,12 @@ class KV:
 
 @dataclass
 class KindPart:
-    """What one drafter kind adds to the common part: keys and ``serving name -> GGUF name``."""
+    """What one drafter kind adds to the common part: keys, ``serving name -> GGUF name``, and the
+    ``--spec-type`` llama.cpp serves it with."""
 
     keys: list[KV] = field(default_factory=list)
     tensors: dict[str, str] = field(default_factory=dict)
+    spec_type: str = "draft-dflash"
 
 
 # -- tensor names -------------------------------------------------------------------------------
@@ -194,12 +197,34 @@ def _dflash2_part(config: Mapping[str, Any]) -> KindPart:
     return part
 
 
-# One entry per serving architecture (config.json "architectures"): the kind's keys and tensor names.
-# DSpark (llama.cpp --spec-type draft-dspark) will add markov_w1/markov_w2 (+ conf_proj) tensors,
-# dflash.sample_from_anchor as its layout needs and dflash.has_confidence_head.
+_DSPARK_MARKOV_TENSORS = {"markov_head.markov_w1.weight": "markov_w1.weight",
+                          "markov_head.markov_w2.weight": "markov_w2.weight"}
+_DSPARK_CONFIDENCE_TENSORS = {"confidence_head.proj.weight": "conf_proj.weight",
+                              "confidence_head.proj.bias": "conf_proj.bias"}
+
+
+def _dspark_part(config: Mapping[str, Any]) -> KindPart:
+    """DSpark: DFlash plus the Markov head (``markov_w1`` [vocab, r] embeds the previous token,
+    ``markov_w2`` maps it to a logit bias: llama.cpp builds the chain in its graph, greedy, with the
+    anchor as slot 1's predecessor) and the optional confidence head, which ``has_confidence_head``
+    announces. Served with ``--spec-type draft-dspark``; ``dflash.sample_from_anchor = false`` (a
+    common key) keeps DFlash's block: drafts at slots 1..B-1, the anchor a bonus slot."""
+    part = _dflash_part(config)
+    confidence = bool(config.get("has_confidence_head", True))
+    part.keys.append(KV(f"{ARCH}.has_confidence_head", confidence, "BOOL"))
+    part.tensors.update(_DSPARK_MARKOV_TENSORS)
+    if confidence:
+        part.tensors.update(_DSPARK_CONFIDENCE_TENSORS)
+    part.spec_type = "draft-dspark"
+    return part
+
+
+# One entry per serving architecture (config.json "architectures"): the kind's keys, tensor names and
+# llama.cpp spec type.
 KINDS: dict[str, Callable[[Mapping[str, Any]], KindPart]] = {
     "DFlashDraftModel": _dflash_part,
     "DFlash2DraftModel": _dflash2_part,
+    "DSparkDraftModel": _dspark_part,
 }
 
 
@@ -399,3 +424,11 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
         keys[key] = value.decode(errors="replace") if isinstance(value, bytes) else value
     tensors = {t.name: {"type": t.tensor_type.name, "shape": [int(x) for x in t.shape]} for t in reader.tensors}
     return {"keys": json.loads(json.dumps(keys, default=str)), "tensors": tensors}
+
+
+def spec_type(serving_dir: str | os.PathLike) -> str:
+    """The ``--spec-type`` llama.cpp serves the serving folder's drafter with (its kind's entry)."""
+    from dflash_train.export.serving import CONFIG_FILE, _read_json
+
+    config = _read_json(Path(serving_dir) / CONFIG_FILE)
+    return KINDS[serving_architecture(config, str(Path(serving_dir) / CONFIG_FILE))](config).spec_type
