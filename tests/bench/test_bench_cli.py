@@ -169,6 +169,32 @@ def test_older_flags_write_their_overrides():
     assert recipe is None and overrides == ["train.seed=1"]  # no recipe: the first word is an override
 
 
+def test_the_older_reference_line_times_the_readmes_reference_job():
+    """docs/results quotes the reference bench in the older flags (no recipe); the README's REF is the
+    qwen3-8b recipe: the same drafter, anchors, rows, optimizer, objective and eager step."""
+    from dflash_train.bench.cli import job_words
+    from dflash_train.bench.job import BenchOptions, bench_job
+    from dflash_train.cli import build_parser
+
+    older = ("bench --target-config qwen3-8b --drafter-layers 5 --block-size 16 --target-layer-ids 1,9,17,25,33 "
+             "--num-anchors 512 --seq-len 3072 --batch-size 1 --steps 16 --warmup 2 --attention flex --compile")
+    readme = "bench qwen3-8b target.path=qwen3-8b train.cuda_graph_step=false --batch-size 1 --steps 16 --warmup 2"
+    jobs = []
+    for line in (older, readme):
+        args = build_parser().parse_args(line.split())
+        job = bench_job(*job_words(args), args.target_config)
+        jobs.append((job, BenchOptions(seq_len=args.seq_len, device="cpu").resolved(job).seq_len))
+    (old, old_seq), (new, new_seq) = jobs
+    assert old_seq == new_seq == 3072 and old.target.path == new.target.path == "qwen3-8b"
+    for section in ("optim", "objective"):
+        assert getattr(old, section) == getattr(new, section), section
+    for key in ("num_hidden_layers", "block_size", "target_layer_ids", "kind", "options"):
+        assert getattr(old.drafter, key) == getattr(new.drafter, key), key
+    for key in ("num_anchors", "compile", "cuda_graph_step", "seed", "grad_accum", "activation_checkpointing"):
+        assert getattr(old.train, key) == getattr(new.train, key), key
+    assert (old.train.attention, new.train.attention) == ("flex", "auto")  # auto is flex on CUDA
+
+
 def test_a_recipe_is_the_job_bench_times():
     """A recipe's drafter, optimizer and objective reach the timed job; overrides change them; the row
     length defaults to the recipe's data.max_length (128 on a tiny shape)."""

@@ -52,7 +52,8 @@ SWITCHES = {
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmark training steps on synthetic data (one JSON object on stdout)",
                        description="Time the training step of a job config (a recipe or a file, then section.key=value "
-                                   "overrides, as dflash-train train takes them) on synthetic rows.")
+                                   "overrides, as dflash-train train takes them; both before the flags) on synthetic "
+                                   "rows.")
     p.add_argument("config", nargs="?", default=None,
                    help=f"a YAML/JSON config file or a recipe: {', '.join(recipe_names())} (none: the package "
                         "defaults on the qwen3-8b shape, 3072-token rows, train.cuda_graph_step=false)")
@@ -81,7 +82,7 @@ def register(sub) -> None:
 def _add_aliases(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("older flags", "each writes the override it names (prefer the override)")
     for flag, (key, kind) in ALIASES.items():
-        group.add_argument(flag, type=kind, default=None, dest=_dest(flag), help=f"{key}=VALUE")
+        group.add_argument(flag, type=kind, default=None, dest=_dest(flag), metavar="VALUE", help=f"{key}=VALUE")
     for flag, key in SWITCHES.items():
         group.add_argument(flag, action="store_true", default=None, dest=_dest(flag), help=f"{key}=true")
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, dest="alias_compile",
