@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from dflash_train.config import JobConfig, TargetConfig
+from dflash_train.devices import resolve_dtype
 from dflash_train.models.config import DrafterConfig, resolve_drafter_config
 from dflash_train.models.drafter import DFlashDrafter
 from dflash_train.models.target import Target, choose_mask_token_id
@@ -41,6 +42,12 @@ def _silent(*_args, **_kwargs) -> None:
 def load_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
     """The job's frozen target from ``target.path`` (its FP8 linears where ``target.fp8_linear`` asks)."""
     return Target.load(cfg.path, dtype, device, cfg.gguf_file, fp8_linear=cfg.fp8_linear)
+
+
+def target_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
+    """``target.dtype`` on ``device`` (auto: bfloat16 on CUDA, float32 elsewhere): the target's weights
+    and the step's autocast."""
+    return resolve_dtype(cfg.target.dtype, device)
 
 
 # -- the drafter config ------------------------------------------------------------------------------
@@ -153,17 +160,8 @@ def assemble(cfg: JobConfig, target: Target, device: torch.device, data_parallel
     compiled = t.compile and device.type == "cuda"
     model = parallelize_drafter(drafter, t.activation_checkpointing, compiled, data_parallel, t.compile_mode,
                                 fp8=t.fp8_drafter, fp8_emulate=emulate_fp8)
-    dtype = target_dtype(cfg, device)
     return Assembled(cfg, target, drafter_cfg, drafter, model, step_spec(cfg, drafter_cfg, compiled, device),
-                     device, dtype)
-
-
-def target_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
-    """``target.dtype`` on ``device`` (auto: bfloat16 on CUDA, float32 elsewhere): the target's weights
-    and the step's autocast."""
-    from dflash_train.devices import resolve_dtype
-
-    return resolve_dtype(cfg.target.dtype, device)
+                     device, target_dtype(cfg, device))
 
 
 # -- the data ----------------------------------------------------------------------------------------------
