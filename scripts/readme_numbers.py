@@ -392,8 +392,8 @@ def performance_block() -> str:
          f"(`train.cuda_graph_step`, on by default in one process): {tps(graph)} against {tps(fp8_ct_b)} without "
          "it (FP8, compiled target; same code, same call), slower on this target and not yet explained: with a large "
          "target, compare `train.cuda_graph_step=false`",
-         "the same with `--compile-target`; `--target-fp8 --compile-target` (`--target-fp8`; `--drafter-fp8`; "
-         "`--cuda-graph-step`)",
+         "the same with `target.compile=true`; `target.fp8_linear=true target.compile=true` "
+         "(`target.fp8_linear=true`; `train.fp8_drafter=true`; `train.cuda_graph_step=true`)",
          files(f"{FP8B}/ref-bf16-ct.json", f"{FP8B}/ref-fp8-ct.json", f"{FP8B}/ref-fp8-ct-b.json",
                f"{FP8B}/ref-fp8-ct-graph.json", f"{FP8}/ref-target-fp8.json", f"{FP8}/ref-drafter-fp8.json",
                f"{FP8}/ref-bf16.json")),
@@ -406,7 +406,7 @@ def performance_block() -> str:
         ("mixture of experts: Qwen3-30B-A3B-shaped target", "2026-12-04, first session", f"{tps(moe)} tokens/s, {moe['peak_memory_gib']:.1f} GiB (target forward "
          f"{ms(moe['phase_seconds']['target_forward'])} of {ms(moe['step_time_s'])} ms); compiled: **{tps(moe_ct)}** "
          f"({ms(moe_ct['phase_seconds']['target_forward'])} ms)",
-         "the REF bench with `--target-config qwen3-30b-a3b` [`--compile-target`]",
+         "the REF bench with `target.path=qwen3-30b-a3b` [`target.compile=true`]",
          files(f"{FP8A}/ref-moe.json", f"{FP8A}/ref-moe-ct.json")),
         ("2 GPUs, Qwen3-8B-shaped target (one machine)", "2026-11-30",
          f"colocated (REF): {tps(two)} tokens/s against {tps(one)} on one of its GPUs, scaling "

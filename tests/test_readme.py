@@ -214,3 +214,20 @@ def test_the_training_yaml_is_a_valid_config(tmp_path, capsys):
     assert main(["config", str(path)]) == 0
     shown = capsys.readouterr().out
     assert "time_budget_minutes: 60" in shown and "block_size: 16" in shown
+
+
+def test_the_performance_tables_bench_lines_parse_into_jobs():
+    """Each ``dflash-train bench`` line of the Performance table (``REF`` spelled out, and each
+    "the REF bench with `OVERRIDES`") parses and names a valid job: bench is a recipe plus overrides."""
+    from dflash_train.bench.cli import job_words
+    from dflash_train.bench.job import bench_job
+
+    table = section(readme(), "Performance")
+    ref = re.search(r"`REF` = `([^`]+)`", table).group(1)
+    lines = [m.replace("REF", ref) for m in re.findall(r"`(?:torchrun [^`]*?)?dflash-train (bench [^`]+)`", table)]
+    lines += [f"bench {ref} {extra}" for extra in re.findall(r"the REF bench with `([^`]+=[^`]+)`", table)]
+    assert len(lines) >= 3, lines  # the REF line, the 2-GPU line, the MoE override
+    for line in lines:
+        args = build_parser().parse_args(shlex.split(line))
+        job = bench_job(*job_words(args), args.target_config)
+        assert job.target.path in ("qwen3-8b", "qwen3-30b-a3b") and job.drafter.target_layer_ids == [1, 9, 17, 25, 33]

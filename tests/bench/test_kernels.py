@@ -4,8 +4,9 @@ where the same bookkeeping runs over the operators' self time."""
 import pytest
 import torch
 
+from dflash_train.bench.job import BenchOptions, bench_job
 from dflash_train.bench.kernels import PhaseKernels, attribute, category, profile_step
-from dflash_train.bench.run import PHASES, BenchConfig, run_bench
+from dflash_train.bench.run import PHASES, run_bench
 from dflash_train.devices import synchronize
 
 
@@ -64,12 +65,16 @@ def test_profile_step_splits_a_marked_step_into_its_phases():
     assert out["step_us"] == pytest.approx(sum(p["us"] for p in out["phases"].values()), abs=0.1 * len(out["phases"]))
 
 
+def _tiny_job(*overrides: str):
+    return bench_job(None, ["train.num_anchors=8", *overrides], "tiny")
+
+
 def test_bench_kernels_reports_every_phase_of_the_trainers_step():
     """``--kernels``: one more step after the timed and profiled ones, every phase of the trainer's step
     present (the matmuls of the target forward among its operators), the timed numbers unchanged."""
-    base = dict(target_config="tiny", steps=2, warmup=1, profile_steps=1, device="cpu")
-    plain = run_bench(BenchConfig(**base), log=lambda *_: None)
-    result = run_bench(BenchConfig(**base, kernels=4), log=lambda *_: None)
+    job, base = _tiny_job(), dict(steps=2, warmup=1, profile_steps=1, device="cpu")
+    plain = run_bench(job, BenchOptions(**base), log=lambda *_: None)
+    result = run_bench(job, BenchOptions(**base, kernels=4), log=lambda *_: None)
     phases = result["kernels"]["phases"]
     assert set(PHASES) <= set(phases), list(phases)
     assert phases["target_forward"]["categories"].get("matmul", 0) > 0
@@ -77,7 +82,7 @@ def test_bench_kernels_reports_every_phase_of_the_trainers_step():
     assert "kernels" not in plain
     assert result["last_loss"] == pytest.approx(plain["last_loss"], rel=1e-6)
     with pytest.raises(ValueError, match="--kernels"):
-        BenchConfig(**base, kernels=-1).resolved()
+        BenchOptions(**base, kernels=-1).resolved(job)
 
 
 @pytest.mark.gpu
@@ -87,8 +92,9 @@ def test_cuda_kernels_land_in_their_phases(graphed):
     """On CUDA the items are the kernels (their device time, by the profiler's clock shared with the
     phase ranges): every phase holds kernels, the matmuls of the target forward among them, and the
     kernels' total is of the order of the profiled step. A graphed step has no phases: one ``step``."""
-    base = dict(target_config="tiny", steps=3, warmup=2, profile_steps=1, device="cuda", kernels=5)
-    result = run_bench(BenchConfig(**base, cuda_graph_step=graphed), log=lambda *_: None)
+    job = _tiny_job(f"train.cuda_graph_step={str(graphed).lower()}")
+    result = run_bench(job, BenchOptions(steps=3, warmup=2, profile_steps=1, device="cuda", kernels=5),
+                       log=lambda *_: None)
     kernels = result["kernels"]
     assert kernels["items"].startswith("CUDA kernels")
     names = [k["name"] for phase in kernels["phases"].values() for k in phase["top"]]

@@ -12,7 +12,7 @@ import sys
 
 from dist_helpers import VENV_BIN, env, free_port
 
-BENCH = ["-m", "dflash_train.cli", "bench", "--target-config", "tiny", "--device", "cpu", "--steps", "2",
+BENCH = ["-m", "dflash_train.cli", "bench", "train.num_anchors=8", "--target-config", "tiny", "--device", "cpu", "--steps", "2",
          "--warmup", "1", "--profile-steps", "1", "--matmul-size", "256"]
 
 

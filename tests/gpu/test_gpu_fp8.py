@@ -151,11 +151,11 @@ def test_bench_target_fp8_on_cuda():
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        rc = main(["bench", "--target-config", "tiny", "--steps", "2", "--warmup", "2", "--device", "cuda",
-                   "--matmul-size", "2048", "--target-fp8"])
+        rc = main(["bench", "train.num_anchors=8", "--target-config", "tiny", "--steps", "2", "--warmup", "2",
+                   "--device", "cuda", "--matmul-size", "2048", "--target-fp8"])
     assert rc == 0
     result = json.loads(stdout.getvalue())
-    assert result["config"]["target_fp8"] is True and result["config"]["target_fp8_linears"] == 8 * 7
+    assert result["config"]["target"]["fp8_linear"] is True and result["config"]["bench"]["target_fp8_linears"] == 8 * 7
     assert math.isfinite(result["last_loss"]) and result["recompiles_after_warmup"] == 0
     assert result["matmul_ceiling_fp8_tflops"] > 0  # the FP8 product measured beside the bf16 one
     assert result["mfu_vs_fp8_ceiling"] * result["matmul_ceiling_fp8_tflops"] == pytest.approx(result["achieved_tflops"])
@@ -270,9 +270,9 @@ def test_bench_drafter_fp8_on_cuda():
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        rc = main(["bench", "--target-config", "tiny", "--steps", "2", "--warmup", "2", "--device", "cuda",
-                   "--matmul-size", "2048", "--drafter-fp8", "--drafter-layers", "2"])
+        rc = main(["bench", "train.num_anchors=8", "--target-config", "tiny", "--steps", "2", "--warmup", "2",
+                   "--device", "cuda", "--matmul-size", "2048", "--drafter-fp8", "--drafter-layers", "2"])
     assert rc == 0
     result = json.loads(stdout.getvalue())
-    assert result["config"]["drafter_fp8"] is True and result["config"]["drafter_fp8_linears"] == 2 * 7
+    assert result["config"]["train"]["fp8_drafter"] is True and result["config"]["bench"]["drafter_fp8_linears"] == 2 * 7
     assert math.isfinite(result["last_loss"]) and result["recompiles_after_warmup"] == 0

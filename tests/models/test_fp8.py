@@ -324,13 +324,16 @@ def test_config_accepts_and_defaults_off():
 
 # -- the bench flag ------------------------------------------------------------------------------
 def test_bench_flag_is_recorded_and_the_step_runs():
-    from dflash_train.bench.run import BenchConfig, run_bench
+    from dflash_train.bench.job import BenchOptions, bench_job
+    from dflash_train.bench.run import run_bench
 
-    base = dict(target_config="tiny", steps=1, warmup=1, profile_steps=0, device="cpu")
-    plain = run_bench(BenchConfig(**base), log=lambda *_: None)
-    fp8_run = run_bench(BenchConfig(**base, target_fp8=True), log=lambda *_: None)
-    assert plain["config"]["target_fp8"] is False and plain["config"]["target_fp8_linears"] == 0
-    assert fp8_run["config"]["target_fp8"] is True and fp8_run["config"]["target_fp8_linears"] == 8 * 7
+    opts = BenchOptions(steps=1, warmup=1, profile_steps=0, device="cpu")
+    plain = run_bench(bench_job(None, ["train.num_anchors=8"], "tiny"), opts, log=lambda *_: None)
+    fp8_run = run_bench(bench_job(None, ["train.num_anchors=8", "target.fp8_linear=true"], "tiny"), opts,
+                        log=lambda *_: None)
+    assert plain["config"]["target"]["fp8_linear"] is False and plain["config"]["bench"]["target_fp8_linears"] == 0
+    assert fp8_run["config"]["target"]["fp8_linear"] is True
+    assert fp8_run["config"]["bench"]["target_fp8_linears"] == 8 * 7
     assert math.isfinite(fp8_run["last_loss"]) and fp8_run["last_loss"] != plain["last_loss"]
     # the CPU has no FP8 products to measure: the second ceiling stays null rather than an emulation's speed
     assert fp8_run["matmul_ceiling_fp8_tflops"] is None and fp8_run["mfu_vs_fp8_ceiling"] is None
@@ -349,6 +352,6 @@ def test_bench_cli_flag(capsys):
 
     from dflash_train.cli import main
 
-    assert main(["bench", "--target-config", "tiny", "--steps", "1", "--warmup", "0", "--profile-steps", "0",
-                 "--device", "cpu", "--target-fp8"]) == 0
-    assert json.loads(capsys.readouterr().out)["config"]["target_fp8"] is True
+    assert main(["bench", "train.num_anchors=8", "--target-config", "tiny", "--steps", "1", "--warmup", "0",
+                 "--profile-steps", "0", "--device", "cpu", "--target-fp8"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["target"]["fp8_linear"] is True

@@ -370,13 +370,13 @@ def test_bench_drafter_fp8_flag(capsys):
 
     from dflash_train.cli import main
 
-    args = ["bench", "--target-config", "tiny", "--drafter-layers", "2", "--steps", "1", "--warmup", "1",
-            "--profile-steps", "0", "--device", "cpu"]
+    args = ["bench", "train.num_anchors=8", "--target-config", "tiny", "--drafter-layers", "2", "--steps", "1",
+            "--warmup", "1", "--profile-steps", "0", "--device", "cpu"]
     assert main([*args, "--drafter-fp8"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["config"]["drafter_fp8"] is True and result["config"]["drafter_fp8_linears"] == 2 * 7
+    assert result["config"]["train"]["fp8_drafter"] is True and result["config"]["bench"]["drafter_fp8_linears"] == 2 * 7
     assert math.isfinite(result["last_loss"])
     assert main(args) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert plain["config"]["drafter_fp8"] is False and plain["config"]["drafter_fp8_linears"] == 0
+    assert plain["config"]["train"]["fp8_drafter"] is False and plain["config"]["bench"]["drafter_fp8_linears"] == 0
     assert plain["last_loss"] != result["last_loss"]

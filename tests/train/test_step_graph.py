@@ -16,6 +16,7 @@ from testkit import dry_capture, tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict
 from dflash_train.train import trainer as trainer_mod
+from dflash_train.train.assembly import Assembled
 from dflash_train.train.cuda_graphs import GraphedStep
 from dflash_train.train.loop import train
 from dflash_train.train.trainer import Trainer
@@ -143,12 +144,15 @@ def _graph_every_step(monkeypatch):
     """Trainers built by ``train()`` replay their steps through the CPU stand-in capture."""
     made = []
 
-    def graphed(self, data_parallel):
-        capture = dry_capture(self.drafter.parameters(), self.optimizer, extra=[self.step.bad])
-        self.step.use_graph(GraphedStep(self.step.graph_body, self.optimizer, capture=capture))
-        made.append(self.step.graph)
+    original = Assembled.graph_step
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_graph_the_step", graphed)
+    def graphed(self, step, ranks, data_parallel, echo=None, capture=None):
+        capture = dry_capture(self.drafter.parameters(), step.optimizer, extra=[step.bad])
+        assert original(self, step, ranks, data_parallel, capture=capture)  # the assembly's own rule
+        made.append(step.graph)
+        return True
+
+    monkeypatch.setattr(Assembled, "graph_step", graphed)
     return made
 
 

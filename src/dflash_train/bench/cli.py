@@ -1,12 +1,16 @@
-"""``dflash-train bench``: time training steps of one configuration, print one JSON object.
+"""``dflash-train bench``: time training steps of one job config, print one JSON object.
 
-Reference configuration (H200): ``dflash-train bench --target-config qwen3-8b`` (a
-random-weight Qwen3-8B-shaped target in bf16, 5-layer drafter, B=16, 512 anchors,
-3072 tokens, flex attention, compiled drafter layers). See ``bench/run.py`` for what
-is timed and how, and ``bench/flops.py`` for the FLOP model behind MFU.
+    dflash-train bench RECIPE_OR_FILE [section.key=value ...] [--target-config SHAPE] [--steps N] ...
+
+The step is the one ``dflash-train train RECIPE_OR_FILE [overrides]`` would run (``bench/job.py``);
+the flags say what a job has no key for: a synthetic target shape, the rows, the clock. Reference
+configuration (H200): ``dflash-train bench qwen3-8b train.cuda_graph_step=false --target-config
+qwen3-8b`` (a random-weight Qwen3-8B-shaped target in bf16, the recipe's 5-layer B = 16 drafter, 512
+anchors, 3,072-token rows, flex attention, compiled drafter layers, the eager step). See
+``bench/run.py`` for what is timed and how, and ``bench/flops.py`` for the FLOP model behind MFU.
 
 Several GPUs (colocated, DDP drafter; ``context_tokens_per_s`` is the total):
-``torchrun --nproc-per-node 2 -m dflash_train.cli bench --target-config qwen3-8b``.
+``torchrun --nproc-per-node 2 -m dflash_train.cli bench qwen3-8b --target-config qwen3-8b``.
 """
 
 from __future__ import annotations
@@ -17,78 +21,104 @@ import os
 from pathlib import Path
 
 from dflash_train.cli_types import comma_separated_ints, int_at_least, nonneg_int, positive_int
+from dflash_train.config import recipe_names
 from dflash_train.files import atomic_write_text, explained
-from dflash_train.models.kinds import kind_names
-from dflash_train.objective.weighting import WEIGHTINGS
+
+# The flags the bench had before it read a job config, each now an alias of the override it names
+# (so the command lines quoted in docs/results run unchanged): flag -> (key, argparse type).
+ALIASES = {
+    "--drafter-layers": ("drafter.num_hidden_layers", positive_int),
+    "--block-size": ("drafter.block_size", int_at_least(2)),
+    "--target-layer-ids": ("drafter.target_layer_ids", comma_separated_ints),
+    "--drafter-kind": ("drafter.kind", str),
+    "--num-anchors": ("train.num_anchors", positive_int),
+    "--attention": ("train.attention", str),
+    "--seed": ("train.seed", nonneg_int),
+    "--loss-chunk-size": ("objective.chunk_size", positive_int),
+    "--weighting": ("objective.weighting", str),
+    "--optim": ("optim.name", str),
+    "--dtype": ("target.dtype", str),
+}
+# ... and the switches among them: flag -> the key they set to true
+SWITCHES = {
+    "--checkpoint-drafter": "train.activation_checkpointing",
+    "--cuda-graph-step": "train.cuda_graph_step",
+    "--drafter-fp8": "train.fp8_drafter",
+    "--target-fp8": "target.fp8_linear",
+    "--compile-target": "target.compile",
+}
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark training steps on synthetic data (one JSON object on stdout)")
-    p.add_argument("--target-config", default="qwen3-8b",
-                   help="qwen3-8b (random Qwen3-8B-shaped target, the reference), tiny (CPU CI) or a HF model folder")
-    p.add_argument("--drafter-layers", type=positive_int, default=5, help="drafter decoder layers")
-    p.add_argument("--block-size", type=int_at_least(2), default=16, help="drafter block size (>= 2)")
-    p.add_argument("--target-layer-ids", type=comma_separated_ints, default=None,
-                   help="comma-separated, e.g. 1,9,17,25,33 (default: the spec's rule)")
-    p.add_argument("--num-anchors", type=positive_int, default=None, help="default 512 (8 for tiny)")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sequence; default 3072 (128 for tiny)")
-    p.add_argument("--batch-size", type=positive_int, default=1, help="sequences per micro-batch (one micro-batch per step)")
+    p = sub.add_parser("bench", help="benchmark training steps on synthetic data (one JSON object on stdout)",
+                       description="Time the training step of a job config (a recipe or a file, then section.key=value "
+                                   "overrides, as dflash-train train takes them; both before the flags) on synthetic "
+                                   "rows.")
+    p.add_argument("config", nargs="?", default=None,
+                   help=f"a YAML/JSON config file or a recipe: {', '.join(recipe_names())} (none: the package "
+                        "defaults on the qwen3-8b shape, 3072-token rows, train.cuda_graph_step=false)")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. objective.weighting=dpace drafter.kind=dspark")
+    p.add_argument("--target-config", default=None,
+                   help="the target: qwen3-8b, qwen3-30b-a3b (random weights of that shape, no download), tiny, "
+                        "tiny-moe (CPU tests) or a HF model folder; written as target.path (default: the job's)")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="tokens per synthetic row (default: data.max_length; 128 on a tiny shape)")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="rows per micro-batch (train.grad_accum micro-batches per step)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
     p.add_argument("--warmup", type=nonneg_int, default=3, help="untimed warm-up steps (the first carries compilation)")
     p.add_argument("--profile-steps", type=nonneg_int, default=None,
                    help="steps of the separate synchronized pass that times each phase (default min(steps, 3))")
-    p.add_argument("--attention", choices=["flex", "sdpa", "auto"], default="auto",
-                   help="drafter attention kernel (auto: flex on CUDA, sdpa otherwise)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the drafter layers and the loss chunks (default: on CUDA only)")
-    p.add_argument("--loss-chunk-size", type=positive_int, default=4096,
-                   help="positions per chunk of the vocabulary loss (objective.chunk_size)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda or cpu")
-    p.add_argument("--dtype", default="auto", help="target weights and autocast dtype (auto: bf16 on CUDA)")
-    p.add_argument("--checkpoint-drafter", action="store_true",
-                   help="activation checkpointing (non-reentrant) of every drafter layer")
     p.add_argument("--matmul-size", type=positive_int, default=None, help="matmul ceiling size (default 8192 CUDA, 1024 CPU)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the random weights and data")
-    p.add_argument("--cuda-graph-step", action="store_true",
-                   help="replay the step as one CUDA graph after the warm-up, as the trainer does "
-                        "(train.cuda_graph_step; one process; needs --warmup >= 2 for a timed loop of replays)")
-    p.add_argument("--optim", choices=["adamw", "muon"], default="adamw",
-                   help="the optimizer of the timed step (optim.name; muon: train/muon.py)")
-    p.add_argument("--drafter-kind", choices=kind_names(), default="dflash",
-                   help="drafter.kind: a kind's network and training terms join the step (models/kinds/)")
-    p.add_argument("--weighting", choices=list(WEIGHTINGS), default="decay",
-                   help="objective.weighting: decay, reach or dpace (objective/weighting.py)")
-    p.add_argument("--target-fp8", action="store_true",
-                   help="the target's decoder-layer linears as FP8 matmuls with rowwise scales (target.fp8_linear; "
-                        "CUDA 8.9+, an emulation on the CPU); recorded as config.target_fp8")
-    p.add_argument("--compile-target", action="store_true",
-                   help="torch.compile the target's decoder layers (target.compile): its norms, rotary, "
-                        "activations (and FP8 quantization) fused; recorded as config.compile_target")
-    p.add_argument("--drafter-fp8", action="store_true",
-                   help="the drafter layers' attention and MLP projections with FP8 forward and backward GEMMs "
-                        "(train.fp8_drafter; CUDA 8.9+, an emulation on the CPU); recorded as config.drafter_fp8")
     p.add_argument("--kernels", type=nonneg_int, default=0,
                    help="N > 0: one more step under torch.profiler; each phase's device time by kernel category "
                         "and its top N kernels, as the JSON's 'kernels' (bench/kernels.py)")
+    p.add_argument("--device", default=None, help="auto, cuda, cuda:N or cpu (default: train.device)")
     p.add_argument("--out", default=None, help="also write the JSON object to this file")
+    _add_aliases(p)
     p.set_defaults(func=run_cli)
+
+
+def _add_aliases(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("older flags", "each writes the override it names (prefer the override)")
+    for flag, (key, kind) in ALIASES.items():
+        group.add_argument(flag, type=kind, default=None, dest=_dest(flag), metavar="VALUE", help=f"{key}=VALUE")
+    for flag, key in SWITCHES.items():
+        group.add_argument(flag, action="store_true", default=None, dest=_dest(flag), help=f"{key}=true")
+    group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, dest="alias_compile",
+                       help="train.compile=true (--no-compile: false)")
+
+
+def _dest(flag: str) -> str:
+    return "alias_" + flag.removeprefix("--").replace("-", "_")
+
+
+def alias_overrides(args) -> list[str]:
+    """The overrides the older flags given on the command line stand for (JSON values are YAML)."""
+    keys = {**{flag: key for flag, (key, _) in ALIASES.items()}, **SWITCHES, "--compile": "train.compile"}
+    given = {key: getattr(args, _dest(flag)) for flag, key in keys.items()}
+    return [f"{key}={json.dumps(value)}" for key, value in given.items() if value is not None]
+
+
+def job_words(args) -> tuple[str | None, list[str]]:
+    """(recipe or file, overrides): a first word holding ``=`` that names no file is an override."""
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).exists():
+        config, overrides = None, [config, *overrides]
+    return config, [*alias_overrides(args), *overrides]
 
 
 def run_cli(args) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from dflash_train.bench.run import BenchConfig, run_bench
+    from dflash_train.bench.job import BenchOptions, bench_job
+    from dflash_train.bench.run import run_bench
 
-    cfg = BenchConfig(
-        target_config=args.target_config, drafter_layers=args.drafter_layers, block_size=args.block_size,
-        target_layer_ids=args.target_layer_ids, num_anchors=args.num_anchors, seq_len=args.seq_len,
-        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, profile_steps=args.profile_steps,
-        attention=args.attention, compile=args.compile, loss_chunk_size=args.loss_chunk_size, device=args.device,
-        dtype=args.dtype, checkpoint_drafter=args.checkpoint_drafter, matmul_size=args.matmul_size, seed=args.seed,
-        cuda_graph_step=args.cuda_graph_step, optim=args.optim, target_fp8=args.target_fp8,
-        drafter_fp8=args.drafter_fp8, compile_target=args.compile_target, drafter_kind=args.drafter_kind, weighting=args.weighting,
-        kernels=args.kernels,
-    )
-    result = run_bench(cfg)
+    config, overrides = job_words(args)
+    job = bench_job(config, overrides, args.target_config)
+    opts = BenchOptions(seq_len=args.seq_len, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+                        profile_steps=args.profile_steps, matmul_size=args.matmul_size, kernels=args.kernels,
+                        device=args.device)
+    result = run_bench(job, opts)
     if result["rank"] != 0:  # under torchrun only rank 0 reports
         return 0
     text = json.dumps(result, indent=1)

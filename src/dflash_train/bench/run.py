@@ -1,14 +1,15 @@
-"""The training-step benchmark: N steps of one configuration on synthetic data.
+"""The training-step benchmark: N steps of one job config on synthetic data.
 
-What is timed is the trainer's own step (``train/step.py``'s ``TrainStep``, one micro-batch
-per step): anchors sampled on the CPU, host-to-device copies, blocks, the global weight,
-``Target.features``, ``drafter_loss`` under bf16 autocast, backward, acceptance statistics, grad
-clipping with the on-device non-finite check, fused ``AdamW.step``, the LR scheduler. Only the
-data differ: synthetic micro-batches instead of a tokenized set. The drafter is wrapped by the
-trainer's ``parallelize_drafter`` (activation checkpointing, per-layer ``torch.compile``, DDP
-under torchrun). ``--cuda-graph-step`` replays the step as one CUDA graph after two eager warm-up
-steps, as the trainer does in one process (``train.cuda_graph_step``); the profiled pass is then
-skipped (a replay has no phase boundaries to synchronize at).
+What is timed is the trainer's own step, built by the trainer's own assembly from the job config
+(``train/assembly.py``; ``bench/job.py`` says which config): anchors sampled on the CPU,
+host-to-device copies, blocks, the objective's weights and targets, ``Target.features``,
+``drafter_loss`` under bf16 autocast, backward, acceptance statistics, grad clipping with the
+on-device non-finite check, the optimizer's step, the LR scheduler. Only the data differ: synthetic
+micro-batches (``train.grad_accum`` per step) instead of a tokenized set. The drafter is wrapped as the
+trainer wraps it (FP8 projections, activation checkpointing, per-layer ``torch.compile``, DDP or
+FSDP2 under torchrun). Where ``train.cuda_graph_step`` holds and the trainer would graph the step
+(one CUDA process, ...: ``Assembled.graph_step``), the step replays as one CUDA graph after two
+eager warm-up steps; the profiled pass is then skipped (a replay has no phase boundaries).
 
 Timing:
 
@@ -34,8 +35,8 @@ Timing:
   static shapes it must be 0.
 
 Under torchrun (``WORLD_SIZE`` > 1) every rank runs the same colocated step on its own
-synthetic batches with the drafter wrapped in DDP (the trainer's colocated layout, one
-gradient all-reduce per step), so ``torchrun --nproc-per-node N -m dflash_train.cli bench``
+synthetic batches with the drafter wrapped in DDP, or FSDP2 with ``train.fsdp_drafter`` (the
+trainer's colocated layout), so ``torchrun --nproc-per-node N -m dflash_train.cli bench``
 measures N-GPU scaling. ``context_tokens_per_s`` is then the total over ranks (each rank's
 tokens over the SLOWEST rank's timed loop), ``*_per_gpu`` fields divide it by N, and MFU is
 per GPU. Rank 0 prints the JSON.
@@ -58,28 +59,22 @@ import torch
 import torch.distributed as dist
 
 from dflash_train.bench.flops import Shape, step_flops
+from dflash_train.bench.job import SHAPES, BenchOptions
 from dflash_train.bench.kernels import profile_step
-from dflash_train.config import OptimConfig
+from dflash_train.config import JobConfig, TargetConfig
 from dflash_train.data.batching import MicroBatch
-from dflash_train.devices import resolve_device, resolve_dtype, synchronize
-from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-from dflash_train.models.drafter import DFlashDrafter
-from dflash_train.models.kinds import kind_names
-from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.objective.config import ObjectiveConfig
-from dflash_train.objective.weighting import WEIGHTINGS
+from dflash_train.devices import resolve_device, synchronize
+from dflash_train.models.target import Target
 from dflash_train.train import compilation
-from dflash_train.train.parallelize import DataParallel, apply_target_compile, parallelize_drafter
-from dflash_train.train.step import StepSpec, TrainStep, build_train_step
+from dflash_train.train.assembly import Assembled, assemble, load_target, target_dtype
+from dflash_train.train.parallelize import DataParallel
+from dflash_train.train.step import TrainStep
 from dflash_train.train.trainer import RankInfo
 
 QWEN3_8B_CONFIG = dict(
     hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
     intermediate_size=12288, vocab_size=151936, tie_word_embeddings=False, max_position_embeddings=40960,
 )
-# Defaults that depend on the target: (seq_len, num_anchors)
-REFERENCE_DEFAULTS = (3072, 512)
-TINY_DEFAULTS = (128, 8)
 # A Qwen3-30B-A3B-shaped mixture of experts (128 experts, 8 active, 3B active of 30B parameters)
 QWEN3_30B_A3B_CONFIG = dict(
     hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -88,77 +83,6 @@ QWEN3_30B_A3B_CONFIG = dict(
 )
 NO_LOOKUPS = {name: dict.fromkeys(compilation.OUTCOMES, 0) for name, _, _ in compilation.CACHES}
 PHASES = ("prepare", "target_forward", "drafter_forward", "backward", "optimizer")
-
-
-@dataclass
-class BenchConfig:
-    target_config: str = "qwen3-8b"  # qwen3-8b | qwen3-30b-a3b | tiny | tiny-moe | a HF model folder
-    drafter_layers: int = 5
-    block_size: int = 16
-    target_layer_ids: list[int] | None = None  # None: the spec's default rule
-    num_anchors: int | None = None  # None: 512 (8 for tiny)
-    seq_len: int | None = None  # None: 3072 (128 for tiny)
-    batch_size: int = 1
-    steps: int = 10
-    warmup: int = 3
-    profile_steps: int | None = None  # None: min(steps, 3)
-    attention: str = "auto"  # flex | sdpa | auto (flex on CUDA)
-    compile: bool | None = None  # None: on CUDA only (as train.compile)
-    loss_chunk_size: int = 4096
-    device: str = "auto"
-    dtype: str = "auto"  # bf16 on CUDA, fp32 on CPU
-    checkpoint_drafter: bool = False
-    prompt_len: int = 16  # leading tokens with loss_mask 0
-    matmul_size: int | None = None  # None: 8192 on CUDA, 1024 on CPU
-    seed: int = 0
-    cuda_graph_step: bool = False  # replay the step as one CUDA graph, as the trainer does (one process)
-    optim: str = "adamw"  # the optimizer the step runs (optim.name): adamw or muon
-    # the target's decoder-layer linears as FP8 matmuls (target.fp8_linear; models/fp8.py); on the CPU
-    # the float32 emulation runs instead (plumbing only: its times say nothing about FP8)
-    target_fp8: bool = False
-    # the drafter layers' projections with FP8 forward and backward GEMMs (train.fp8_drafter); on the CPU
-    # the float32 emulation (plumbing only, as target_fp8)
-    drafter_fp8: bool = False
-    compile_target: bool = False  # torch.compile the target's decoder layers (target.compile; CUDA and CPU here)
-    drafter_kind: str = "dflash"  # drafter.kind (models/kinds/): its network and training terms join the step
-    weighting: str = "decay"  # objective.weighting: decay, reach or dpace (objective/weighting.py)
-    kernels: int = 0  # > 0: one more step under torch.profiler, each phase's top N kernels (bench/kernels.py)
-
-    def resolved(self) -> BenchConfig:
-        out = BenchConfig(**asdict(self))
-        seq, anchors = TINY_DEFAULTS if self.target_config.startswith("tiny") else REFERENCE_DEFAULTS
-        out.seq_len = out.seq_len or seq
-        out.num_anchors = out.num_anchors or anchors
-        device = resolve_device(out.device, "bench --device")
-        out.device = str(device)
-        if out.attention == "auto":
-            out.attention = "flex" if device.type == "cuda" else "sdpa"
-        if out.compile is None:
-            out.compile = device.type == "cuda"
-        out.dtype = str(resolve_dtype(out.dtype, device)).removeprefix("torch.")
-        if out.profile_steps is None:
-            out.profile_steps = min(out.steps, 3)
-        out.prompt_len = min(out.prompt_len, max(0, out.seq_len - out.block_size - 2))
-        out.validate()
-        return out
-
-    def validate(self) -> None:
-        for name in ("drafter_layers", "block_size", "num_anchors", "seq_len", "batch_size", "steps",
-                     "loss_chunk_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"bench: --{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0 or self.profile_steps < 0 or self.kernels < 0:
-            raise ValueError("bench: --warmup, --profile-steps and --kernels must be >= 0")
-        if self.drafter_kind not in kind_names():
-            raise ValueError(f"bench: --drafter-kind must be one of {kind_names()}, got {self.drafter_kind!r}")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"bench: --weighting must be one of {list(WEIGHTINGS)}, got {self.weighting!r}")
-        if self.attention not in ("flex", "sdpa"):
-            raise ValueError(f"bench: --attention must be flex/sdpa/auto, got {self.attention!r}")
-        if self.attention == "flex" and not self.device.startswith("cuda"):
-            raise ValueError("bench: --attention flex has no CPU backward; use --attention sdpa")
-        if self.seq_len <= self.block_size + 2:
-            raise ValueError(f"bench: --seq-len {self.seq_len} must exceed --block-size + 2")
 
 
 def _indexed(device: torch.device) -> torch.device:
@@ -188,12 +112,18 @@ def build_target(name: str, device: torch.device, dtype: torch.dtype) -> Target:
     return Target.load(name, dtype, device)
 
 
-def _target_fp8(target: Target, device: torch.device, log) -> None:
-    """``--target-fp8``: the target's decoder-layer linears as FP8 matmuls, as ``target.fp8_linear``
-    makes them in training (the CPU gets the float32 emulation: the plumbing runs, the times mean nothing)."""
-    names = target.use_fp8_linears(emulate=device.type == "cpu")
-    where = "emulated in float32 (no FP8 matmuls on the CPU)" if device.type == "cpu" else "torch._scaled_mm"
-    log(f"target: {len(names)} decoder-layer linears in FP8 e4m3, rowwise scales, {where}")
+def bench_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, log) -> Target:
+    """``target.path``: a synthetic shape (``bench/job.SHAPES``, random weights; ``target.fp8_linear``
+    converts its linears here, emulated in float32 on the CPU: the plumbing runs, the times mean nothing),
+    else the job's target loaded as the trainer loads it."""
+    if cfg.path not in SHAPES:
+        return load_target(cfg, device, dtype)
+    target = build_target(cfg.path, device, dtype)
+    if cfg.fp8_linear:
+        names = target.use_fp8_linears(emulate=device.type == "cpu")
+        where = "emulated in float32 (no FP8 matmuls on the CPU)" if device.type == "cpu" else "torch._scaled_mm"
+        log(f"target: {len(names)} decoder-layer linears in FP8 e4m3, rowwise scales, {where}")
+    return target
 
 
 def _fp8_linears(target: Target) -> int:
@@ -208,37 +138,16 @@ def _fp8_training_linears(drafter) -> int:
     return sum(isinstance(m, FP8TrainingLinear) for m in drafter.modules())
 
 
-def build_drafter(target: Target, cfg: BenchConfig, device: torch.device, data_parallel=None, log=None):
-    """(drafter, the module a step calls, its resolved config), wrapped as the trainer wraps it."""
-    mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
-    dcfg = resolve_drafter_config(
-        DrafterConfig(num_hidden_layers=cfg.drafter_layers, block_size=cfg.block_size,
-                      target_layer_ids=cfg.target_layer_ids, kind=cfg.drafter_kind),
-        target.facts, mask_id,
-    )
-    target.validate_layer_ids(dcfg.target_layer_ids)
-    torch.manual_seed(cfg.seed)
-    with torch.device(device):  # fp32 master weights, as the trainer
-        drafter = DFlashDrafter(dcfg)
-    drafter = drafter.to(device)
-    # the trainer's own wrapping: FP8 projections, checkpoint-wrap each layer, compile each wrapped layer, DDP
-    model = parallelize_drafter(drafter, cfg.checkpoint_drafter, cfg.compile, data_parallel,
-                                fp8=cfg.drafter_fp8, fp8_emulate=device.type == "cpu")
-    if cfg.drafter_fp8 and log is not None:
-        where = "emulated in float32 (no FP8 matmuls on the CPU)" if device.type == "cpu" else "torch._scaled_mm"
-        log(f"drafter: {_fp8_training_linears(drafter)} projections with FP8 e4m3 forward and backward, {where}")
-    return drafter, model, dcfg
-
-
-# -- the step: the trainer's own (train/step.py), on synthetic micro-batches ----------------
-def synthetic_batch(cfg: BenchConfig, vocab: int, step: int, rank: int = 0) -> MicroBatch:
-    """Random token ids filling seq_len; loss_mask 1 except the first prompt_len tokens."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1009 + rank)
-    input_ids = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=g)
-    loss_mask = torch.ones(cfg.batch_size, cfg.seq_len, dtype=torch.long)
-    loss_mask[:, : cfg.prompt_len] = 0
-    attention_mask = torch.ones(cfg.batch_size, cfg.seq_len, dtype=torch.long)
-    sample_ids = torch.arange(cfg.batch_size) + step * cfg.batch_size
+# -- the step: the trainer's own (train/assembly.py), on synthetic micro-batches ----------------
+def synthetic_batch(opts: BenchOptions, seed: int, vocab: int, index: int, rank: int = 0) -> MicroBatch:
+    """Micro-batch ``index`` of this rank: random token ids filling seq_len; loss_mask 1 except the
+    first prompt_len tokens."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + index * 1009 + rank)
+    input_ids = torch.randint(0, vocab, (opts.batch_size, opts.seq_len), generator=g)
+    loss_mask = torch.ones(opts.batch_size, opts.seq_len, dtype=torch.long)
+    loss_mask[:, : opts.prompt_len] = 0
+    attention_mask = torch.ones(opts.batch_size, opts.seq_len, dtype=torch.long)
+    sample_ids = torch.arange(opts.batch_size) + index * opts.batch_size
     return MicroBatch(input_ids, loss_mask, attention_mask, sample_ids, epoch=0)
 
 
@@ -303,14 +212,14 @@ def _log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
-def _init_distributed(cfg: BenchConfig):
+def _init_distributed(opts: BenchOptions):
     """Under torchrun: the process group and this rank's device (cuda:LOCAL_RANK)."""
     from dflash_train.distributed.env import init_from_env, launched_by_torchrun
 
     if not launched_by_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
         return None
-    env = init_from_env(cfg.device)
-    cfg.device = str(env.device)
+    env = init_from_env(opts.device)
+    opts.device = str(env.device)
     return env
 
 
@@ -325,21 +234,22 @@ def _across_ranks(value: float, device: torch.device, world: int, op: str = "max
     return float(t)
 
 
-def run_bench(cfg: BenchConfig, log=_log, test_capture=None) -> dict:
+def run_bench(job: JobConfig, opts: BenchOptions, log=_log, test_capture=None, target: Target | None = None) -> dict:
     """Build everything, run warm-up, timed and profiled steps; return the result dict.
 
+    ``job``: the job config whose step is timed (``bench/job.bench_job``); ``opts``: the bench's own.
     Under torchrun the process group is set up here and torn down before returning.
-    ``test_capture(step) -> capture``: a stand-in for the CUDA capture of ``--cuda-graph-step``
-    (CPU tests; ``train/cuda_graphs.GraphedStep`` says what a capture must do)."""
+    ``test_capture(step) -> capture``: a stand-in for the CUDA capture of ``train.cuda_graph_step``
+    (CPU tests; ``train/cuda_graphs.GraphedStep`` says what a capture must do); ``target``: a target
+    built elsewhere (tests), instead of ``target.path``'s."""
     from dflash_train.distributed.env import shutdown
 
-    if cfg.cuda_graph_step and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("bench: --cuda-graph-step runs in one process (the trainer graphs no DDP step)")
-    env = _init_distributed(cfg)
+    opts = opts.resolved(job)
+    env = _init_distributed(opts)
     if env is None:
-        return _run_bench(cfg, env, log, test_capture)
+        return _run_bench(job, opts, env, log, test_capture, target)
     try:
-        result = _run_bench(cfg, env, log)
+        result = _run_bench(job, opts, env, log, target=target)
     except BaseException:
         shutdown(clean=False)  # no barrier: the other ranks may be inside a collective
         raise
@@ -347,17 +257,14 @@ def run_bench(cfg: BenchConfig, log=_log, test_capture=None) -> dict:
     return result
 
 
-def _run_bench(cfg: BenchConfig, env, log, test_capture=None) -> dict:
-    cfg = cfg.resolved()
-    if cfg.cuda_graph_step and not cfg.device.startswith("cuda") and test_capture is None:
-        raise ValueError("bench: --cuda-graph-step needs a CUDA device")
+def _run_bench(job: JobConfig, opts: BenchOptions, env, log, test_capture=None, target=None) -> dict:
     world, rank = (env.world, env.rank) if env is not None else (1, 0)
-    bench = StepBench.build(cfg, world, rank, log if rank == 0 else _noop, test_capture)
+    bench = StepBench.build(job, opts, world, rank, log if rank == 0 else _noop, test_capture, target)
     warmup_times = bench.warm_up()
     timed = bench.timed()
     phases = bench.profiled()
     report = bench.report(warmup_times, timed, phases)
-    if cfg.kernels:
+    if opts.kernels:
         report["kernels"] = bench.kernel_breakdown()
     return report
 
@@ -408,75 +315,67 @@ class TimedLoop:
 
 @dataclass
 class StepBench:
-    """The trainer's own step (``train/step.build_train_step``) on synthetic micro-batches, and
-    the measurements of it: warm-up, the timed loop, the profiled pass, the report."""
+    """The trainer's own step (``train/assembly.py``) on synthetic micro-batches, and the
+    measurements of it: warm-up, the timed loop, the profiled pass, the report."""
 
-    cfg: BenchConfig
+    job: JobConfig
+    opts: BenchOptions
     world: int
     rank: int
-    device: torch.device
-    target: Target
-    drafter: DFlashDrafter
-    dcfg: DrafterConfig
+    parts: Assembled
     step: TrainStep
-    batches: list[MicroBatch]
+    batches: list[list[MicroBatch]]  # per step: train.grad_accum micro-batches
     ceiling: Ceiling
     cache: str
     build_s: float
     log: object = _noop
 
+    @property
+    def device(self) -> torch.device:
+        return self.parts.device
+
     @classmethod
-    def build(cls, cfg: BenchConfig, world: int, rank: int, log, test_capture=None) -> StepBench:
-        """Target, drafter (wrapped as the trainer wraps it) and step, timed as ``build_s``."""
-        device = _indexed(resolve_device(cfg.device, "bench --device"))
-        dtype = getattr(torch, cfg.dtype)
+    def build(cls, job: JobConfig, opts: BenchOptions, world: int, rank: int, log, test_capture=None,
+              target: Target | None = None) -> StepBench:
+        """Target (``target``: one built elsewhere, as ``Trainer`` takes one), drafter (wrapped as the
+        trainer wraps it) and step, timed as ``build_s``."""
+        device = _indexed(resolve_device(opts.device, "bench --device"))
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        ceiling = Ceiling.measure(device, cfg.matmul_size, log, fp8=cfg.target_fp8 or cfg.drafter_fp8)
-        cache = "n/a"
-        if cfg.compile:
-            folder = compilation.use_persistent_cache()
-            cache = compilation.cache_state(folder)
-            log(f"compile cache {cache}: {folder}")
+        ceiling = Ceiling.measure(device, opts.matmul_size, log, fp8=job.target.fp8_linear or job.train.fp8_drafter)
+        cache = _compile_cache(job, device, log)
         t0 = time.perf_counter()
-        target = build_target(cfg.target_config, device, dtype)
-        if cfg.target_fp8:
-            _target_fp8(target, device, log)
-        if cfg.compile_target:
-            apply_target_compile(target)
-            log("target: decoder layers compiled (target.compile)")
+        target = target.to(device) if target is not None else bench_target(job.target, device, target_dtype(job, device), log)
         # the colocated trainer's data parallelism: one gradient all-reduce per step
-        parallel = DataParallel(dist.group.WORLD, device) if world > 1 else None
-        drafter, model, dcfg = build_drafter(target, cfg, device, parallel, log)
+        parallel = DataParallel(dist.group.WORLD, device, fsdp=job.train.fsdp_drafter) if world > 1 else None
+        parts = assemble(job, target, device, parallel, log, emulate_fp8=device.type == "cpu")
+        _describe(parts, log)
         synchronize(device)
         build_s = time.perf_counter() - t0
-        log(f"built target + drafter in {build_s:.1f}s; target layers {dcfg.target_layer_ids}")
-        optim = OptimConfig(name=cfg.optim)
-        optim.validate()
-        objective = ObjectiveConfig(weighting=cfg.weighting, chunk_size=cfg.loss_chunk_size)
-        spec = StepSpec(cfg.block_size, dcfg.mask_token_id, cfg.num_anchors, objective, cfg.seed,
-                        attention=cfg.attention, compiled=bool(cfg.compile))
-        total_steps = cfg.warmup + cfg.steps + cfg.profile_steps
+        log(f"built target + drafter in {build_s:.1f}s")
+        total_steps = opts.warmup + opts.steps + opts.profile_steps
         ranks = RankInfo(rank, world, dist.group.WORLD if world > 1 else None)
-        step = build_train_step(spec, model, drafter, target, optim, total_steps, device, dtype, ranks)
-        total_steps += 1 if cfg.kernels else 0  # --kernels' step: a batch, not a longer LR schedule
-        if cfg.cuda_graph_step:
-            step.graph_whole_step(capture=None if test_capture is None else test_capture(step))
-        batches = [synthetic_batch(cfg, target.facts.vocab_size, i, rank) for i in range(total_steps)]
-        return cls(cfg, world, rank, device, target, drafter, dcfg, step, batches, ceiling, cache, build_s, log)
+        step = parts.step(total_steps, ranks)
+        parts.graph_step(step, ranks, parallel, log, None if test_capture is None else test_capture(step))
+        total_steps += 1 if opts.kernels else 0  # --kernels' step: a batch, not a longer LR schedule
+        per_step, vocab = job.train.grad_accum, target.facts.vocab_size
+        batches = [[synthetic_batch(opts, job.train.seed, vocab, i * per_step + j, rank) for j in range(per_step)]
+                   for i in range(total_steps)]
+        return cls(job, opts, world, rank, parts, step, batches, ceiling, cache, build_s, log)
 
     def train_step(self, index: int, mark=_noop):
-        layer_ids = list(self.dcfg.target_layer_ids)
+        layer_ids = list(self.parts.drafter_cfg.target_layer_ids)
+        final_hidden = self.step.opts.needs_target_distribution  # kl/tv: the target's last hidden states too
 
         def features(mb, ids, attention):
-            return self.target.features(ids, attention, layer_ids)
+            return self.parts.target.features(ids, attention, layer_ids, final_hidden=final_hidden)
 
-        return self.step([self.batches[index]], features, index + 1, mark)
+        return self.step(self.batches[index], features, index + 1, mark)
 
     def warm_up(self) -> list[float]:
         """The warm-up steps, synchronized and timed one by one (the first carries compilation)."""
         times = []
-        for i in range(self.cfg.warmup):
+        for i in range(self.opts.warmup):
             synchronize(self.device)
             start = time.perf_counter()
             self.train_step(i)
@@ -497,7 +396,7 @@ class StepBench:
         if self.world > 1:  # every rank starts its timed loop together
             dist.barrier()
         start = time.perf_counter()
-        for i in range(self.cfg.warmup, self.cfg.warmup + self.cfg.steps):
+        for i in range(self.opts.warmup, self.opts.warmup + self.opts.steps):
             result = self.train_step(i)
             losses.append(result.loss)
             kept_blocks += result.kept_blocks
@@ -510,7 +409,7 @@ class StepBench:
         """Seconds per phase of a separate pass of ``profile_steps`` steps, synchronized at every
         phase boundary (None: the step is one CUDA graph, no boundaries to time)."""
         totals = dict.fromkeys(PHASES, 0.0)
-        if not self.cfg.profile_steps:
+        if not self.opts.profile_steps:
             return totals
         if self.step.graph is not None:
             return None
@@ -522,43 +421,40 @@ class StepBench:
             totals[phase] += now - clock["t"]
             clock["t"] = now
 
-        begin = self.cfg.warmup + self.cfg.steps
-        for i in range(begin, begin + self.cfg.profile_steps):
+        begin = self.opts.warmup + self.opts.steps
+        for i in range(begin, begin + self.opts.profile_steps):
             synchronize(self.device)
             clock["t"] = time.perf_counter()
             self.train_step(i, mark)
-        return {k: v / self.cfg.profile_steps for k, v in totals.items()}
+        return {k: v / self.opts.profile_steps for k, v in totals.items()}
 
     def kernel_breakdown(self) -> dict:
         """``--kernels N``: the step after the profiled pass under ``torch.profiler``, its kernels per
         phase (``bench/kernels.py``); run after the report's numbers, so it perturbs none of them."""
-        index = self.cfg.warmup + self.cfg.steps + self.cfg.profile_steps
-        return profile_step(lambda mark: self.train_step(index, mark), self.device, synchronize, self.cfg.kernels)
+        index = self.opts.warmup + self.opts.steps + self.opts.profile_steps
+        return profile_step(lambda mark: self.train_step(index, mark), self.device, synchronize, self.opts.kernels)
 
     def report(self, warmup_times: list[float], timed: TimedLoop, phases: dict | None) -> dict:
         """The JSON object ``dflash-train bench`` prints (its keys are read by tests and docs)."""
-        cfg, dcfg, step = self.cfg, self.dcfg, self.step
+        opts, step = self.opts, self.step
         recompiles = _dynamo_graphs() - timed.graphs_before
-        step_s = timed.seconds / cfg.steps
-        tokens_per_step = cfg.batch_size * cfg.seq_len * self.world
-        achieved = self._flops().total * cfg.batch_size / step_s / 1e12  # per GPU
-        drafted = timed.kept_blocks * cfg.block_size
+        step_s = timed.seconds / opts.steps
+        rows = opts.batch_size * self.job.train.grad_accum  # per rank and step
+        tokens_per_step = rows * opts.seq_len * self.world
+        achieved = self._flops().total * rows / step_s / 1e12  # per GPU
+        drafted = timed.kept_blocks * self.parts.drafter_cfg.block_size
         return {
-            "config": {**asdict(cfg), "target_layer_ids": list(dcfg.target_layer_ids),
-                       "mask_token_id": dcfg.mask_token_id, "target_fp8_linears": _fp8_linears(self.target),
-                       "drafter_fp8_linears": _fp8_training_linears(self.drafter),
-                       "drafter_params": sum(p.numel() for p in self.drafter.parameters())},
-            "rank": self.rank, **self._machine(), "steps": cfg.steps, "warmup": cfg.warmup,
-            "step_time_s": step_s, "context_tokens_per_step": tokens_per_step,
+            "config": self._config(), "rank": self.rank, **self._machine(), "steps": opts.steps,
+            "warmup": opts.warmup, "step_time_s": step_s, "context_tokens_per_step": tokens_per_step,
             "context_tokens_per_s": tokens_per_step / step_s, "world_size": self.world,
             "context_tokens_per_s_per_gpu": tokens_per_step / step_s / self.world,
-            "drafted_positions_per_step": drafted / cfg.steps, "drafted_positions_per_s": drafted / timed.seconds,
+            "drafted_positions_per_step": drafted / opts.steps, "drafted_positions_per_s": drafted / timed.seconds,
             "flops_per_context_token": self._flops().per_token,
             "gflops_per_context_token_breakdown": {k: v / 1e9 for k, v in self._flops().per_token_breakdown().items()},
             "achieved_tflops": achieved, **self.ceiling.report(achieved),
-            "phase_seconds": phases, "profiled_step_s": sum(phases.values()) if phases and cfg.profile_steps else None,
-            "phase_timing": ("none: the step is one CUDA graph (--cuda-graph-step)" if step.graph is not None else
-                             f"separate profiled pass of {cfg.profile_steps} step(s) after the timed loop, "
+            "phase_seconds": phases, "profiled_step_s": sum(phases.values()) if phases and opts.profile_steps else None,
+            "phase_timing": ("none: the step is one CUDA graph (train.cuda_graph_step)" if step.graph is not None else
+                             f"separate profiled pass of {opts.profile_steps} step(s) after the timed loop, "
                              "synchronize at each phase boundary; the timed loop has no syncs"),
             "cuda_graph_step": None if step.graph is None else {
                 "captured": step.graph.graph is not None, "replays": step.graph.replays,
@@ -570,12 +466,25 @@ class StepBench:
             "dynamo_graphs_total": _dynamo_graphs(), "last_loss": timed.last_loss,
         }
 
+    def _config(self) -> dict:
+        """The job's step sections as timed (the drafter resolved against the target, as the trainer's
+        ``config.json`` has it in ``drafter_resolved``), and ``bench``: the bench's own options with
+        what they resolved to, and counts of what was built."""
+        parts = self.parts
+        job = {name: value for name, value in self.job.to_dict().items() if name not in ("data", "eval")}
+        return {**job, "drafter": parts.drafter_cfg.to_dict(), "bench": {
+            **asdict(self.opts), "target_config": self.job.target.path, "device": str(self.device),
+            "dtype": str(parts.dtype).removeprefix("torch."), "attention": parts.spec.options(self.device).attention,
+            "compiled": parts.compiled, "target_compiled": bool(getattr(parts.target, "layers_compiled", False)),
+            "target_fp8_linears": _fp8_linears(parts.target), "drafter_fp8_linears": _fp8_training_linears(parts.drafter),
+            "drafter_params": sum(p.numel() for p in parts.drafter.parameters())}}
+
     def _flops(self):
-        cfg, dcfg = self.cfg, self.dcfg
-        mean_anchor = (cfg.prompt_len + cfg.seq_len - 2) / 2  # anchors uniform over [prompt_len, S - 2]
-        return step_flops(Shape.of(self.target.facts), max(dcfg.target_layer_ids) + 1, Shape.of(dcfg),
-                          dcfg.num_hidden_layers, len(dcfg.target_layer_ids), cfg.seq_len, cfg.num_anchors,
-                          cfg.block_size, mean_anchor)
+        opts, dcfg = self.opts, self.parts.drafter_cfg
+        mean_anchor = (opts.prompt_len + opts.seq_len - 2) / 2  # anchors uniform over [prompt_len, S - 2]
+        return step_flops(Shape.of(self.parts.target.facts), max(dcfg.target_layer_ids) + 1, Shape.of(dcfg),
+                          dcfg.num_hidden_layers, len(dcfg.target_layer_ids), opts.seq_len,
+                          self.job.train.num_anchors, dcfg.block_size, mean_anchor)
 
     def _machine(self) -> dict:
         cuda = self.device.type == "cuda"
@@ -583,8 +492,29 @@ class StepBench:
                 "torch_version": torch.__version__}
 
     def _compile_report(self) -> dict:
-        compiled = bool(self.cfg.compile)
+        compiled = self.parts.compiled
         hits = compilation.cache_report(NO_LOOKUPS) if compiled else {}  # this process's graphs: cache hit/miss
         return {"compile_cache": self.cache, **hits,
                 "compile_s": compilation.compile_seconds()["total"] if compiled else 0.0,
                 "compile_breakdown_s": compilation.compile_seconds() if compiled else {}}
+
+
+def _compile_cache(job: JobConfig, device: torch.device, log) -> str:
+    """The persistent inductor cache's state when the run starts (``empty``/``warm``; ``n/a``: nothing
+    compiles, as ``train.compile`` runs on CUDA only)."""
+    if not (job.train.compile and device.type == "cuda"):
+        return "n/a"
+    folder = compilation.use_persistent_cache()
+    state = compilation.cache_state(folder)
+    log(f"compile cache {state}: {folder}")
+    return state
+
+
+def _describe(parts: Assembled, log) -> None:
+    """One line each for what the job changed in the modules: FP8 drafter projections, a compiled target."""
+    if parts.cfg.train.fp8_drafter:
+        cpu = parts.device.type == "cpu"
+        where = "emulated in float32 (no FP8 matmuls on the CPU)" if cpu else "torch._scaled_mm"
+        log(f"drafter: {_fp8_training_linears(parts.drafter)} projections with FP8 e4m3 forward and backward, {where}")
+    if getattr(parts.target, "layers_compiled", False):
+        log("target: decoder layers compiled (target.compile)")

@@ -45,13 +45,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash_train.config import TrainConfig
-from dflash_train.data import BatchIterator, DataConfig, MicroBatch, batch_plan, load_tokenized
+from dflash_train.config import JobConfig
+from dflash_train.data import BatchIterator, MicroBatch
 from dflash_train.distributed import watchdog
 from dflash_train.files import explained
-from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-from dflash_train.models.target import Target, choose_mask_token_id
+from dflash_train.models.target import Target
+from dflash_train.train.assembly import load_data, resolve_drafter
 from dflash_train.train.metrics import WRITE_TODO
+from dflash_train.train.parallelize import compile_target_if
 from dflash_train.train.signals import StopOnSignals
 
 START, REQUEST, STOP = 0, 1, 2
@@ -200,26 +201,20 @@ class TargetServer:
     """A target rank: computes features for its share of every drafter's micro-batches."""
 
     def __init__(self, target: Target, topo: Topology, rank: int, device: torch.device, comm_device: torch.device,
-                 *, drafter: DrafterConfig, data: DataConfig, train: TrainConfig, echo=print):
-        """``drafter``, ``data``, ``train``: the job's sections (the drafters resolve the same drafter
-        config and walk the same batch plan; ``train`` gives seed, grad_accum, run_dir, log_every)."""
+                 cfg: JobConfig, echo=print):
+        """``cfg``: the job. The drafter config and the batch plan come from the run's assembly
+        (``train/assembly.py``), as the drafter ranks build theirs: the same feature layers, the same
+        micro-batches in the same order (``train`` gives seed, grad_accum, run_dir, log_every)."""
         self.target, self.topo, self.rank = target, topo, rank
         self.device, self.comm, self.echo = device, comm_device, echo
         self.index = rank - topo.drafter_ranks
-        mask_id = drafter.mask_token_id
-        if mask_id is None:
-            mask_id, _ = choose_mask_token_id(target.tokenizer, target.facts.vocab_size)
-        self.drafter_cfg = resolve_drafter_config(drafter, target.facts, mask_id)
-        target.validate_layer_ids(self.drafter_cfg.target_layer_ids)
-        dataset, _ = load_tokenized(data, target.tokenizer, self.drafter_cfg.block_size)
-        tok = target.tokenizer
-        plan = batch_plan(dataset["length"], data, train.seed)  # the drafters' plan, packed or not
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self.per_drafter = train.grad_accum
-        self.log_every = train.log_every
-        self.batches = BatchIterator(dataset, plan, pad_id=pad_id, rank=0, world_size=1,
-                                     micro_batches_per_step=self.per_drafter * topo.drafter_ranks)
-        self.log_path = Path(train.run_dir) / f"target-rank{rank}.jsonl"
+        compile_target_if(target, cfg.target, device)
+        self.drafter_cfg = resolve_drafter(cfg.drafter, target)
+        data = load_data(cfg, target.tokenizer, self.drafter_cfg.block_size)  # the drafters' plan, packed or not
+        self.per_drafter = cfg.train.grad_accum
+        self.log_every = cfg.train.log_every
+        self.batches = data.batches(0, 1, self.per_drafter * topo.drafter_ranks)
+        self.log_path = Path(cfg.train.run_dir) / f"target-rank{rank}.jsonl"
 
     def _recv_control(self, src: int) -> list[int]:
         msg = torch.zeros(CONTROL, dtype=torch.long, device=self.comm)

@@ -23,9 +23,10 @@ from dflash_train.distributed.common import AgreedRanks
 from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
 from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.distributed.groups import Groups, build_groups
+from dflash_train.train.assembly import load_target
 from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import tokenize_before_target, train
-from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_target
+from dflash_train.train.parallelize import DataParallel, parallelize_target
 from dflash_train.train.timings import Timings
 from dflash_train.train.tracking.base import SinkSettings
 from dflash_train.train.tracking.registry import check_loggers
@@ -34,10 +35,7 @@ from dflash_train.train.tracking.registry import check_loggers
 def _load_target(cfg: TargetConfig, target, device):
     """``target``: None (load it as ``cfg`` says), a ``Target``, or a zero-argument factory (tests)."""
     if target is None:
-        from dflash_train.models.target import Target
-
-        return Target.load(cfg.path, resolve_dtype(cfg.dtype, device), device, cfg.gguf_file,
-                           fp8_linear=cfg.fp8_linear)
+        return load_target(cfg, device, resolve_dtype(cfg.dtype, device))
     loaded = target() if callable(target) and not hasattr(target, "facts") else target
     return loaded.to(device)  # a target built elsewhere (tests, notebooks) trains on this rank's device
 
@@ -131,9 +129,7 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     _data_cache_first_on_rank0(cfg.data, cfg.drafter.block_size, loaded, env)
     if not topo.is_drafter(env.rank):
         echo(f"target rank {env.rank}: serving drafter ranks 0..{topo.drafter_ranks - 1}")
-        compile_target_if(loaded, cfg.target, device)
-        server = TargetServer(loaded, topo, env.rank, device, env.comm_device, drafter=cfg.drafter, data=cfg.data,
-                              train=cfg.train, echo=echo)
+        server = TargetServer(loaded, topo, env.rank, device, env.comm_device, cfg, echo=echo)
         totals = server.serve()
         del server, loaded
         return {"role": "target", **totals}

@@ -61,8 +61,9 @@ class Anchors:
 @dataclass
 class StepSpec:
     """What a training step is made of besides its modules: the objective, the anchors, the
-    compile mode. The trainer takes it from the job config (``from_job``), the benchmark from
-    its recipe and flags; ``build_train_step`` turns it into the step both run."""
+    compile mode. The run's assembly (``train/assembly.step_spec``) takes it from the job config
+    (``from_job``) for the trainer and the benchmark alike; ``build_train_step`` turns it into the
+    step both run."""
 
     block_size: int
     mask_token_id: int

@@ -5,29 +5,23 @@ The distributed layer passes its parts in (see ``Trainer``); nothing is patched 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from dflash_train.config import JobConfig
-from dflash_train.data import BatchIterator, MicroBatch, batch_plan, load_tokenized
+from dflash_train.data import MicroBatch
 from dflash_train.data.prefetch import PrefetchedBatches
-from dflash_train.devices import resolve_device, resolve_dtype
+from dflash_train.devices import resolve_device
 from dflash_train.files import explained
-from dflash_train.models.config import resolve_drafter_config
-from dflash_train.models.drafter import DFlashDrafter
-from dflash_train.models.target import Target, choose_mask_token_id
-from dflash_train.models.target_init import init_from_target
+from dflash_train.models.target import Target
+from dflash_train.train.assembly import assemble, load_data, load_target, target_dtype
 from dflash_train.train.checkpoint import CheckpointManager
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
 from dflash_train.train.metrics import WRITE_TODO, MetricWindow, format_record
-from dflash_train.train.optim import skips_on_device
-from dflash_train.train.parallelize import DataParallel, compile_target_if, parallelize_drafter
+from dflash_train.train.parallelize import DataParallel
 from dflash_train.train.signals import StopOnSignals
-from dflash_train.train.step import StepResult, StepSpec, build_train_step
+from dflash_train.train.step import StepResult
 from dflash_train.train.timings import Timings, format_timings
 from dflash_train.train.tracking.base import SinkSettings, Tracking
 from dflash_train.train.tracking.registry import open_tracking
@@ -103,36 +97,24 @@ class Trainer:
         self.ranks = ranks or RankInfo()
         self.echo = echo if self.ranks.is_main else (lambda *a, **k: None)
         self.device = resolve_device(cfg.train.device)
-        self.dtype = resolve_dtype(cfg.target.dtype, self.device)
+        self.dtype = target_dtype(cfg, self.device)
         self.run_dir = Path(cfg.train.run_dir)
-        self.target = target or Target.load(cfg.target.path, self.dtype, self.device, cfg.target.gguf_file,
-                                            fp8_linear=cfg.target.fp8_linear)
-        compile_target_if(self.target, cfg.target, self.device)
-        self.drafter_cfg = self._resolve_drafter()
-        torch.manual_seed(cfg.train.seed)
-        self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
-        if cfg.train.init_from:
-            self._warm_start(cfg.train.init_from)
-        elif cfg.train.drafter_init == "target":  # before DDP/FSDP and the optimizer; a resume loads over it
-            ids = init_from_target(self.drafter, self.target)
-            self.echo(f"drafter layers start as target layers {ids} and its final norm (train.drafter_init=target)")
-        self.compiled = cfg.train.compile and self.device.type == "cuda"
-        # what a step calls: the drafter, or its DDP wrapper
-        self.model = parallelize_drafter(self.drafter, cfg.train.activation_checkpointing, self.compiled,
-                                         data_parallel, cfg.train.compile_mode, fp8=cfg.train.fp8_drafter)
+        # target, drafter config, drafter and its wrapping, the step's spec: train/assembly.py, as the
+        # benchmark and a disaggregated target rank build them
+        parts = assemble(cfg, target or load_target(cfg.target, self.device, self.dtype), self.device,
+                         data_parallel, self.echo)
+        self.target, self.drafter_cfg, self.drafter = parts.target, parts.drafter_cfg, parts.drafter
+        self.model, self.compiled = parts.model, parts.compiled  # model: what a step calls (drafter or DDP)
         self._build_data()
         self.counters = Counters()
         budget = self.budget_seconds
         spent = (lambda: self.counters.train_seconds / budget) if budget > 0 else None  # the LR follows the clock
-        spec = StepSpec.from_job(cfg.objective, cfg.train, self.drafter_cfg.block_size,
-                                 self.drafter_cfg.mask_token_id, self.compiled)
-        self.step = build_train_step(spec, self.model, self.drafter, self.target, cfg.optim, self.total_steps,
-                                     self.device, self.dtype, self.ranks, spent)
+        self.step = parts.step(self.total_steps, self.ranks, spent)
         self.opts, self.optimizer, self.scheduler = self.step.opts, self.step.optimizer, self.step.scheduler
         self.graph_target_forward = replays_target_forward(cfg.train.cuda_graphs, cfg.train.fsdp_target, self.device)
         self.source = self._feature_source(features)
         self.timings = timings
-        self._graph_the_step(data_parallel)
+        parts.graph_step(self.step, self.ranks, data_parallel, self.echo)
         self.stop_requested = False  # agreed by every rank after a step: the loop ends
         self._local_stop = False  # this rank's own request (a signal), agreed at the next step's end
         self.signalled = False  # SIGTERM/SIGINT (as opposed to the time budget) ended the run
@@ -160,62 +142,19 @@ class Trainer:
         self.echo(cache.describe())
         return cache
 
-    def _graph_the_step(self, data_parallel) -> None:
-        """Replay the step as one CUDA graph (``train.cuda_graph_step``) where it can be captured
-        whole: CUDA, one process, one micro-batch per step, no kl/tv target (its features are a pair),
-        Inductor's own graphs off (``compile_mode=default``), and an optimizer that reads
-        ``found_inf`` on the device (the fused AdamW, Muon)."""
-        t = self.cfg.train
-        if not t.cuda_graph_step:
-            return
-        why_not = [reason for reason, failed in (
-            ("not on CUDA", self.device.type != "cuda"), ("several ranks", self.ranks.world > 1 or data_parallel),
-            ("train.grad_accum > 1", t.grad_accum > 1),
-            ("objective.targets kl/tv (the target's distribution)", self.opts.needs_target_distribution),
-            ("train.compile_mode=reduce-overhead", t.compile_mode != "default"),
-            ("an optimizer that cannot skip a step on the device", not skips_on_device(self.optimizer))) if failed]
-        if why_not:
-            if self.device.type == "cuda":
-                self.echo(f"train.cuda_graph_step: the step runs eagerly ({', '.join(why_not)})")
-            return
-        self.step.graph_whole_step()
-        self.echo("train.cuda_graph_step: after 2 eager steps every step replays as one CUDA graph")
-
-    def _resolve_drafter(self):
-        facts = self.target.facts
-        mask_id, reason = None, "given in the config"
-        if self.cfg.drafter.mask_token_id is None:
-            mask_id, reason = choose_mask_token_id(self.target.tokenizer, facts.vocab_size)
-        resolved = resolve_drafter_config(self.cfg.drafter, facts, mask_id)
-        self.target.validate_layer_ids(resolved.target_layer_ids)
-        self.echo(f"drafter: {resolved.num_hidden_layers} layers, block {resolved.block_size}, target layers "
-                  f"{resolved.target_layer_ids}, mask token {resolved.mask_token_id} ({reason})")
-        return resolved
-
-    def _warm_start(self, folder: str) -> None:
-        from dflash_train.export.serving import load_drafter_folder
-
-        loaded, _ = load_drafter_folder(folder, self.target)
-        self.drafter.load_state_dict(loaded.state_dict())
-        self.echo(f"warm start from {folder}")
-
     def _build_data(self) -> None:
-        cfg, tokenizer = self.cfg, self.target.tokenizer
-        self.dataset, self.data_report = load_tokenized(cfg.data, tokenizer, self.drafter_cfg.block_size)
+        cfg = self.cfg
+        data = load_data(cfg, self.target.tokenizer, self.drafter_cfg.block_size)
+        self.dataset, self.data_report, self.plan = data.dataset, data.report, data.plan
         if self.ranks.is_main:
             self.echo(self.data_report.format())
-        self.plan = batch_plan(self.dataset["length"], cfg.data, cfg.train.seed)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.batches = BatchIterator(
-            self.dataset, self.plan, pad_id=pad_id, rank=self.ranks.rank, world_size=self.ranks.world,
-            micro_batches_per_step=cfg.train.grad_accum,
-        )
+        self.batches = data.batches(self.ranks.rank, self.ranks.world, cfg.train.grad_accum)
         if cfg.data.prefetch_steps > 0:
             self.batches = PrefetchedBatches(self.batches, self._prepare_host, cfg.data.prefetch_steps,
                                              pin_memory=self.device.type == "cuda")
         per_step = cfg.train.grad_accum * self.ranks.world
-        self.steps_per_epoch = max(1, len(self.plan.epoch_micro_batches(0)) // per_step)
-        self.total_steps = cfg.train.max_steps or max(1, math.ceil(cfg.train.epochs * self.steps_per_epoch))
+        self.steps_per_epoch = data.steps_per_epoch(per_step)
+        self.total_steps = data.total_steps(cfg, per_step)
         self.echo(f"data: {len(self.dataset)} sequences, {self.steps_per_epoch} steps/epoch, "
                   f"{self.total_steps} steps, padding waste {self.plan.padding_waste():.1%}")
 
