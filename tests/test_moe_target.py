@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from testkit import tiny_chat_job, tiny_drafter
+from testkit import tiny_chat_job, tiny_drafter, train_stopping_at
 
 from dflash_train.cli import main
 from dflash_train.config import config_from_dict
@@ -176,27 +176,6 @@ def test_static_steps_use_capture_safe_experts_and_decode_losslessly(monkeypatch
     assert model.config._experts_implementation == "grouped_mm"
 
 
-def _train_stopping_at(cfg, step: int) -> None:
-    """Train, stopping after ``step`` steps the way a SIGTERM would (the loop saves and ends)."""
-    from dflash_train.train import trainer as trainer_mod
-
-    original_run = trainer_mod.Trainer.run
-
-    def run_until(self, on_step_end=None):
-        def hook(t):
-            if on_step_end:
-                on_step_end(t)
-            if t.counters.step == step:
-                t.stop_requested = True
-        return original_run(self, hook)
-
-    trainer_mod.Trainer.run = run_until
-    try:
-        train(cfg, target=moe_chat_target(), echo=lambda *a: None)
-    finally:
-        trainer_mod.Trainer.run = original_run
-
-
 def _drafter_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
@@ -211,7 +190,7 @@ def trained(tmp_path_factory):
     train(config_from_dict(tiny_chat_job(root / "full", max_steps=steps)), target=moe_chat_target(),
           echo=lambda *a: None)
     split = tiny_chat_job(root / "split", max_steps=steps)
-    _train_stopping_at(config_from_dict(split), 6)
+    train_stopping_at(config_from_dict(split), 6, moe_chat_target())
     assert latest_checkpoint(root / "split" / "run").name.endswith("06")
     resumed = config_from_dict({**split, "train": {**split["train"], "resume": "auto"}})
     train(resumed, target=moe_chat_target(), echo=lambda *a: None)

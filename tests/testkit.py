@@ -205,11 +205,9 @@ def fp8_drafter_grads(device: str, fp8: bool, compile: bool, hidden: int = 128) 
     return out.detach().float(), {n: p.grad for n, p in drafter.named_parameters()}
 
 
-def train_stopped_then_resumed(job: dict, stop_at: int, target_factory) -> None:
-    """Train ``job`` (a config dict) but stop after step ``stop_at`` the way a SIGTERM would (the loop
-    saves and ends early), then resume it with ``train.resume=auto`` to its end: the run folder then
-    holds what an interrupted and resumed run writes. ``target_factory()`` gives a fresh target each time."""
-    from dflash_train.config import config_from_dict
+def train_stopping_at(cfg, stop_at: int, target) -> None:
+    """Train the job ``cfg`` (a ``JobConfig``) but stop after step ``stop_at`` the way a SIGTERM would:
+    the loop saves and ends early."""
     from dflash_train.train import trainer as trainer_mod
     from dflash_train.train.loop import train
 
@@ -225,8 +223,18 @@ def train_stopped_then_resumed(job: dict, stop_at: int, target_factory) -> None:
 
     trainer_mod.Trainer.run = run_until_stop
     try:
-        train(config_from_dict(job), target=target_factory(), echo=lambda *a: None)
+        train(cfg, target=target, echo=lambda *a: None)
     finally:
         trainer_mod.Trainer.run = original_run
+
+
+def train_stopped_then_resumed(job: dict, stop_at: int, target_factory) -> None:
+    """Train ``job`` (a config dict), stopped after step ``stop_at`` (:func:`train_stopping_at`), then
+    resume it with ``train.resume=auto`` to its end: the run folder then holds what an interrupted and
+    resumed run writes. ``target_factory()`` gives a fresh target each time."""
+    from dflash_train.config import config_from_dict
+    from dflash_train.train.loop import train
+
+    train_stopping_at(config_from_dict(job), stop_at, target_factory())
     resumed = config_from_dict({**job, "train": {**job["train"], "resume": "auto"}})
     train(resumed, target=target_factory(), echo=lambda *a: None)

@@ -184,6 +184,20 @@ def sweep_stale_temps(folder: str | Path, echo: Callable[[str], None] | None = N
     return stale
 
 
+def unwritable(folder: str | Path) -> str | None:
+    """Why ``folder`` cannot take a file (made if missing; a probe file written and removed), or None.
+    Checked before a long run starts, so a bad folder is one line then, not a failure an hour in."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink(missing_ok=True)
+    except OSError as err:
+        return err.strerror or str(err).splitlines()[0]
+    return None
+
+
 def note(line: str) -> None:
     """A one-line note on stderr (the default ``echo`` of sweeps outside a run)."""
     print(line, file=sys.stderr)

@@ -8,7 +8,6 @@ and in many.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from dflash_train.config import JobConfig, TargetConfig
 from dflash_train.data import DataConfig
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
-from dflash_train.files import atomic_write_text
+from dflash_train.files import atomic_write_text, unwritable
 from dflash_train.run_folder import CHECKPOINTS, CONFIG, SUMMARY
 from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
@@ -85,13 +84,9 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
 
         read_prompts(resolve_prompts(cfg.eval.prompts), limit=cfg.eval.num_prompts)
     run_dir = Path(cfg.train.run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink(missing_ok=True)
-    except OSError as err:
-        raise ValueError(f"train.run_dir {run_dir}: cannot write there ({err.strerror})") from None
+    reason = unwritable(run_dir)
+    if reason is not None:
+        raise ValueError(f"train.run_dir {run_dir}: cannot write there ({reason})")
     check_run_folder(run_dir, cfg.train.resume)
     resume = resolve_resume(cfg.train.resume, run_dir, echo)
     if tokenize:  # the slowest check, last

@@ -25,13 +25,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from dflash_train.config import TrainConfig
-from dflash_train.files import UserFacingError, atomic_write_text
+from dflash_train.files import UserFacingError, atomic_write_text, unwritable
 from dflash_train.run_folder import METRICS, TRACKING
 from dflash_train.train.metrics import WRITE_TODO
 
@@ -159,12 +158,7 @@ def save_run(run_dir: Path, name: str, entry: dict) -> None:
 def writable_folder(folder: Path, key: str) -> Path:
     """``folder`` exists and takes a file, or ``SinkUnavailable`` naming ``key``."""
     folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink(missing_ok=True)
-    except OSError as err:
-        reason = err.strerror or one_line(err)
-        raise SinkUnavailable(f"{key} {folder}: cannot write there ({reason})") from None
+    reason = unwritable(folder)
+    if reason is not None:
+        raise SinkUnavailable(f"{key} {folder}: cannot write there ({reason})")
     return folder
