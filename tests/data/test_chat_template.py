@@ -89,7 +89,7 @@ def test_the_key_works_as_a_command_line_override(tmp_path):
 
 SECTIONS = {name: {f for f in getattr(JobConfig(), name).__dataclass_fields__}
             for name in JobConfig.__dataclass_fields__}
-NOT_KEYS = {"jsonl", "json", "yaml", "sh", "py", "arrow", "parquet", "txt", "tmp"}
+NOT_KEYS = {"jsonl", "json", "yaml", "sh", "py", "arrow", "parquet", "txt", "tmp", "gguf"}
 DOTTED = re.compile(r"(?<![\w./-])(?P<section>[a-z_]+)\.(?P<key>[a-z_]+)\b(?![.(/])")
 
 
