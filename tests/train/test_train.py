@@ -110,6 +110,19 @@ def test_config_errors_say_what_to_fix(tmp_path):
         load_config("cpu-demo", ["train.time_budget_minutes=-1"])
 
 
+
+def test_heldout_tau_is_logged_once_per_step_when_a_periodic_evaluation_falls_on_the_last(tmp_path):
+    cfg = job(tmp_path, max_steps=4)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Tell me story 3.\n")
+    cfg["eval"] = {"prompts": str(prompts), "num_prompts": 1, "max_new_tokens": 4, "every": 2}
+    summary = train(config_from_dict(cfg), target=tiny_target(), echo=lambda *a: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    taus = [(r["step"], r["tau"]) for r in rows if "tau" in r]
+    assert [step for step, _ in taus] == [0, 2, 4]  # before, periodic, and the last step's once (not 4, 4)
+    assert summary["tau_after"] == taus[-1][1]
+
+
 SCRIPT = """
 import json, sys, time
 sys.path[:0] = [{tests!r}, {kit!r}]

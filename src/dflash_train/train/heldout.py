@@ -32,6 +32,7 @@ class HeldoutEvaluator:
         self.max_new_tokens = cfg.max_new_tokens
         self.source = str(path)
         self.history: list[dict] = []
+        self.evaluated: tuple[int, float | None] | None = None  # (step, tau) of the latest call, every rank
 
     def __call__(self, trainer) -> float | None:
         """Mean tau (greedy) at the trainer's current step; None on non-main ranks. The caller

@@ -203,8 +203,13 @@ def _curve_summary(history: list[dict]) -> dict:
 
 def heldout_tau(trainer: Trainer, evaluator) -> float | None:
     """Held-out tau at the trainer's step (None on other ranks than the main one), logged as a
-    record of its own, ``{"tau": ...}``, next to the training records."""
+    record of its own, ``{"tau": ...}``, next to the training records. Once per step: when a
+    periodic evaluation falls on the last step, the final evaluation is that one (same weights)."""
+    step = trainer.counters.step
+    if evaluator.evaluated is not None and evaluator.evaluated[0] == step:
+        return evaluator.evaluated[1]
     tau = evaluator(trainer)
+    evaluator.evaluated = (step, tau)
     if tau is not None:
         trainer.tracking.log(trainer.counters.step, {"tau": tau})
     return tau
