@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dflash_train.eval.llamacpp import (
+    NEAR_TIE_LOGITS,
     EngineStep,
     align,
     engine_tau,
+    failed_checks,
+    first_parting,
     kept_steps,
     our_tau,
     parse_completion,
     parse_speculative,
+    steps_before,
+    tie_gap,
 )
 from dflash_train.llamacpp import SUPPORTED_TARGET_ARCHITECTURES, check_hf_target, check_target_architecture
 
@@ -60,6 +66,61 @@ def test_alignment_between_the_two_ends():
     assert not broken["equal"] and broken["first_difference"] == 3
     shortened = [7] * 5 + [3] * 9  # a step with a shortened draft ends the comparison
     assert align(_steps(ENGINE, shortened), OURS, n_draft=7)["compared_steps"] == 4
+
+
+
+def test_a_step_ended_by_a_stop_token_is_compared_by_what_ours_kept():
+    """Held-out prompt 21 (2026-12-05): our last step verified 2 drafts, the first of them the stop
+    token; llama.cpp stops accepting at an accepted end-of-generation draft and books it as the step's
+    own token: accepted 0. Ours kept 1 token at that step, 0 drafts before the stop token."""
+    engine, ours = [0, 1, 0, 0], [1, 0, 2]
+    assert not align(_steps(engine), ours, n_draft=7)["ends_consistent"]
+    aligned = align(_steps(engine), ours, n_draft=7, stop_kept=0)
+    assert aligned["equal"] and aligned["compared_steps"] == 2 and aligned["ends_consistent"]
+    assert not align(_steps(engine), ours, n_draft=7, stop_kept=1)["ends_consistent"]
+
+
+def test_alignment_stops_where_the_decodes_parted():
+    parted = list(ENGINE)
+    parted[6] = 3  # our step 5 decoded other tokens in the engine (after a near-tie)
+    assert not align(_steps(parted), OURS, n_draft=7)["equal"]
+    cut = align(_steps(parted), OURS, n_draft=7, limit=5)
+    assert cut["equal"] and cut["compared_steps"] == 5 and cut["end_steps"] == 0 and cut["cut_at_divergence"]
+    # OURS = [0, 6, 5, ...]: token 0 is the prefill's, step 0 makes token 1, step 1 tokens 2..8, step 2 9..14
+    assert [steps_before(OURS, t) for t in (1, 2, 8, 9, 15)] == [0, 1, 1, 2, 3]
+
+
+VOCAB = ["E", "cho", "ch", "oes", " of", " Death", " Eternity", "es"]
+
+
+def _decode(tokens):
+    return "".join(VOCAB[t] for t in tokens)
+
+
+def test_a_parting_is_found_where_the_tokens_part_and_measured_by_its_gap():
+    """The case of held-out prompt 8: ours "E" "cho" " of", llama.cpp's plain decode "E" "ch" "oes" " of":
+    the texts part at our third token, the tokens at the second, at a gap of 0.0006 logits."""
+    ours, engine_text = [0, 1, 4, 5], "Echoes of Eternity"
+    assert first_parting(engine_text, ours, _decode) == 2  # "Echo" still begins "Echoes"
+    assert first_parting("Echo of Death", ours, _decode) is None
+    logits = torch.full((len(VOCAB),), -5.0)
+    logits[1], logits[2] = 14.0897, 14.0891  # "cho" over "ch"
+    gap, piece = tie_gap(logits, 1, engine_text[len("E"):], _decode)
+    assert piece == "ch" and gap == pytest.approx(0.0006, abs=1e-4) and gap <= NEAR_TIE_LOGITS
+    logits[2] = 12.0  # a whole-logit gap: a decode error, not a tie
+    gap, _ = tie_gap(logits, 1, engine_text[len("E"):], _decode)
+    assert gap == pytest.approx(2.0897, abs=1e-3) and gap > NEAR_TIE_LOGITS
+    assert tie_gap(logits, 1, " Death", _decode, top=2) == (None, None)  # none of the top 2 fits its text
+
+
+def test_near_tie_partings_are_reported_not_failed():
+    summary = {"engine_lossless": False, "engine_plain_equals_ours": False, "aligned_equal": True,
+               "aligned_ends_consistent": True, "partings_near_ties": True}
+    assert failed_checks(summary) == []
+    assert failed_checks({**summary, "partings_near_ties": False}) == ["engine_lossless", "engine_plain_equals_ours"]
+    assert failed_checks({**summary, "aligned_equal": False}) == ["aligned_equal"]
+    no_reference = {k: v for k, v in summary.items() if k != "partings_near_ties"}
+    assert failed_checks(no_reference) == ["engine_lossless", "engine_plain_equals_ours"]
 
 
 def test_kept_steps_cuts_the_last_step():

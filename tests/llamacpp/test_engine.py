@@ -163,6 +163,7 @@ def test_llamacpp_drafts_what_we_draft(kind, build, answers, target_gguf, smollm
     s = report["summary"]
     assert code == 0, s
     assert s["engine_lossless"] and s["engine_plain_equals_ours"] and s["prompt_ids_equal"], s
+    assert s["partings"] == [] and s["partings_near_ties"], s
     assert all(r["ours_lossless"] and r["prompt_ids_equal"] is True for r in report["prompts"])
     assert s["aligned_equal"] and s["aligned_steps_compared"] >= 12 and s["aligned_ends_consistent"], s
     accepted = [a for r in report["prompts"] for a in r["alignment"]["ours"]]

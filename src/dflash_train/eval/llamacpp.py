@@ -29,6 +29,14 @@ three decodes in llama.cpp and two of ours, all greedy:
 engine's first step; before our last step, and before any engine step that drafted fewer than
 ``B - 1`` tokens because ``-n`` was near) the accepted-draft counts must be equal: the engine
 drafts what the trainer drafted. A difference there on a drafter that accepts is a bug to find.
+A step that a stop token ended is booked by llama.cpp as accepting the drafts before it (it stops
+accepting at an end-of-generation draft), ours as verified: the end check compares what ours kept.
+
+**Near-ties.** llama.cpp's one-token decode and its verify batches round differently, so in float32
+too its plain and speculative decodes can part where two tokens are nearly tied. Every parting from
+our plain greedy decode is reported with the gap in our float32 logits; one within
+``NEAR_TIE_LOGITS`` is reported and passes, any other fails, and the steps past a parting of the
+speculative decode are not compared (they decode other tokens).
 """
 
 from __future__ import annotations
@@ -200,24 +208,81 @@ def engine_tau(steps: list[EngineStep], kept_tokens: int) -> dict:
             "overrun_steps": len(steps) - 1 - n}
 
 
-def align(engine: list[EngineStep], ours: list[int], n_draft: int) -> dict:
+def align(engine: list[EngineStep], ours: list[int], n_draft: int, stop_kept: int | None = None,
+          limit: int | None = None) -> dict:
     """Pair our step ``i`` (``ours[i]`` accepted drafts) with the engine's step ``i + 1`` and compare
     them between the two ends: past the engine's first step, before our last step, and before the
     first engine step that drafted fewer than ``n_draft`` tokens (``-n`` near). The paired steps past
-    that must agree as truncation predicts (``ends_consistent``)."""
-    paired = list(zip(engine[1:], ours))
+    that must agree as truncation predicts (``ends_consistent``).
+
+    ``stop_kept``: when a stop token ended our decode, the drafts our last step kept before it. llama.cpp
+    stops accepting at an accepted end-of-generation draft and books it as the step's own token
+    (``common/sampling.cpp``, ``common_sampler_sample_and_accept_n``), so that step accepts exactly
+    that many. ``limit``: compare only our first ``limit`` steps (where the two decodes parted at a
+    near-tie, the steps after it decode other tokens)."""
+    paired = list(zip(engine[1:], ours))[:limit]
+    last = len(ours) - 1
     compared = 0
     for i, (step, _) in enumerate(paired):
-        if i == len(ours) - 1 or step.drafted < n_draft:
+        if i == last or step.drafted < n_draft:
             break
         compared = i + 1
+
+    def expected(i: int) -> int:
+        # a step llama.cpp drafted shorter holds the first N of the drafts we verified: it accepts
+        # min(ours, N) (our last step drafted in full and kept what fit)
+        ours_i = stop_kept if i == last and stop_kept is not None else paired[i][1]
+        return min(ours_i, paired[i][0].drafted)
+
     diffs = [i for i in range(compared) if paired[i][0].accepted != paired[i][1]]
-    # past that, a step llama.cpp drafted shorter holds the first N of the drafts we verified: it accepts
-    # min(ours, N) (our last step drafted in full and kept what fit)
-    ends = [i for i in range(compared, len(paired)) if paired[i][0].accepted != min(paired[i][1], paired[i][0].drafted)]
+    ends = [i for i in range(compared, len(paired)) if paired[i][0].accepted != expected(i)]
     return {"engine": [s.accepted for s in engine], "engine_drafted": [s.drafted for s in engine], "ours": ours,
             "compared_steps": compared, "equal": not diffs, "first_difference": diffs[0] if diffs else None,
-            "end_steps": len(paired) - compared, "ends_consistent": not ends}
+            "end_steps": len(paired) - compared, "ends_consistent": not ends,
+            "cut_at_divergence": limit is not None and limit < len(ours)}
+
+
+def steps_before(ours: list[int], token: int) -> int:
+    """How many of our steps (``ours[i]`` accepted drafts, ``+ 1`` tokens each, after the prefill's
+    token 0) end before token index ``token``."""
+    end, n = 1, 0
+    for accepted in ours:
+        end += accepted + 1
+        if end > token:
+            break
+        n += 1
+    return n
+
+
+# llama.cpp's one-token decode and its verify batch reduce in other orders (and in other kernels than
+# PyTorch's), so even in float32 its plain and speculative decodes can part where two tokens are nearly
+# tied. Measured (SmolLM2-135M f32, held-out prompts 1-24 x 64 tokens, 2026-12-05): 2 partings of
+# llama.cpp's plain decode from its speculative one, at gaps of 0.0006 and 0.0035 in our float32 logits,
+# its speculative decode equal to our plain greedy both times. An error in a decode shows at gaps of whole
+# logits; 0.05 is 14x the largest gap measured.
+NEAR_TIE_LOGITS = 0.05
+PARTING_LOOKBACK = 3  # tokens before the texts' parting that may be the tokens'
+
+
+def first_parting(text: str, tokens: list[int], decode) -> int | None:
+    """Index of the first of ``tokens`` whose text leaves ``text`` (None: ``text`` begins with them all)."""
+    for k in range(len(tokens)):
+        if not text.startswith(decode(tokens[: k + 1])):
+            return k
+    return None
+
+
+def tie_gap(logits, ours: int, rest: str, decode, top: int = 8) -> tuple[float | None, str | None]:
+    """At a parting: our token's logit minus that of the best other token (of the ``top``) that the
+    engine's ``rest`` of text begins with, and that token's text; (None, None) when none fits."""
+    import torch
+
+    values, ids = torch.topk(logits, top)
+    for value, token in zip(values.tolist(), ids.tolist()):
+        piece = decode([token])
+        if token != ours and piece and (rest.startswith(piece) or piece.startswith(rest)):
+            return float(logits[ours]) - value, piece
+    return None, None
 
 
 def our_tau(tokens: int, steps: int) -> float:
@@ -245,7 +310,12 @@ def evaluate_prompt(cfg: EngineConfig, prompt: str, n: int, reference: dict | No
                        "engine_lossless": spec.text.startswith(plain.text) and
                        (not plain.ended_by_stop or spec.text == plain.text)})
     if reference is not None:
-        record["alignment"] = align(spec.steps, reference["accepted"], cfg.n_draft)
+        texts = {"llama.cpp speculative": spec.text, "llama.cpp plain": plain.text if plain is not None else None}
+        partings = (reference["parting"](name, text) for name, text in texts.items() if text is not None)
+        record["partings"] = [p for p in partings if p is not None]
+        at = next((p["token"] for p in record["partings"] if p["decode"] == "llama.cpp speculative"), None)
+        record["alignment"] = align(spec.steps, reference["accepted"], cfg.n_draft, reference["stop_kept"],
+                                    None if at is None else steps_before(reference["accepted"], at))
         record["ours_tau"] = our_tau(len(reference["tokens"]), len(reference["accepted"]))
         record["ours_verified_tau"] = sum(a + 1 for a in reference["accepted"]) / max(1, len(reference["accepted"]))
         if plain is not None:
@@ -292,7 +362,19 @@ def summarize(records: list[dict], n_draft: int) -> dict:
         if all("engine_plain_equals_ours" in r for r in records):
             out["engine_plain_equals_ours"] = all(r["engine_plain_equals_ours"] for r in records)
             out["prompt_ids_equal"] = all(r["prompt_ids_equal"] is not False for r in records)
+    if all("partings" in r for r in records):
+        out["partings"] = [dict(p, prompt=i + 1) for i, r in enumerate(records) for p in r["partings"]]
+        out["partings_near_ties"] = all(p["near_tie"] for p in out["partings"])
     return out
+
+
+def failed_checks(summary: dict) -> list[str]:
+    """The verdicts that failed. A decode that parted from ours only at near-ties (float32 rounding in
+    llama.cpp's kernels, :data:`NEAR_TIE_LOGITS`) is reported, not failed."""
+    strict = ("aligned_equal", "aligned_ends_consistent")
+    tie_tolerant = ("engine_lossless", "engine_plain_equals_ours")
+    keys = strict if summary.get("partings_near_ties") else strict + tie_tolerant
+    return [k for k in tie_tolerant + strict if k in keys and summary.get(k) is False]
 
 
 def format_table(report: dict) -> str:
@@ -318,9 +400,15 @@ def format_table(report: dict) -> str:
     for key, name in (("engine_lossless", "llama.cpp speculative = llama.cpp plain"),
                       ("engine_plain_equals_ours", "llama.cpp plain = our plain"),
                       ("aligned_equal", "per-step acceptance equal between the ends"),
-                      ("aligned_ends_consistent", "at the end, llama.cpp's shortened drafts accept min(ours, drafted)")):
+                      ("aligned_ends_consistent", "at the end, llama.cpp's shortened drafts accept min(ours, drafted), "
+                                                 "at a stop token what ours kept")):
         if key in s:
             lines.append(f"{name}: {'yes' if s[key] else 'NO'}")
+    for p in s.get("partings", []):
+        gap = "none of our top 8 tokens" if p["gap"] is None else f"{p['gap']:.4f} logits"
+        lines.append(f"  prompt {p['prompt']}: {p['decode']} parts from our plain greedy at token {p['token']} "
+                     f"({p['ours']!r} ours, {p['engine']!r} its): gap {gap}, "
+                     + ("a near-tie" if p["near_tie"] else f"NOT a near-tie (> {NEAR_TIE_LOGITS})"))
     return "\n".join(lines)
 
 
@@ -377,9 +465,34 @@ def _reference(target, drafter, ids, n: int, block: int) -> dict:
     def text(tokens):
         return target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    return {"tokens": spec.tokens, "accepted": [a - 1 for a in spec.acceptance_lengths], "plain": plain.tokens,
+    def parting(decode_name: str, engine_text: str) -> dict | None:
+        """Where an engine's text leaves our plain greedy decode, and by how much our float32 logits
+        preferred our token there (``near_tie``: within :data:`NEAR_TIE_LOGITS`). Texts part a token or
+        more after the tokens do ("Echo" + " of" against "Ech" + "oes"), so the few tokens before the
+        text's parting are tried too, in one forward, and the one with the smallest gap is reported."""
+        ours = plain.tokens
+        k = first_parting(engine_text, ours, text)
+        if k is None:
+            if engine_text == text(ours) or decode_name == "llama.cpp speculative":
+                return None  # the same (the speculative decode may run past -n)
+            return {"decode": decode_name, "token": len(ours), "ours": None, "engine": None, "gap": None,
+                    "near_tie": False}
+        with torch.no_grad():
+            logits = target.model(torch.tensor([list(ids) + ours[:k]])).logits[0, len(ids) - 1:].float()
+        best = {"decode": decode_name, "token": k, "ours": text([ours[k]]), "engine": None, "gap": None}
+        for j in range(max(0, k - PARTING_LOOKBACK), k + 1):
+            gap, piece = tie_gap(logits[j], ours[j], engine_text[len(text(ours[:j])):], text)
+            if gap is not None and (best["gap"] is None or gap < best["gap"]):
+                best.update(token=j, ours=text([ours[j]]), engine=piece, gap=gap)
+        return {**best, "near_tie": best["gap"] is not None and best["gap"] <= NEAR_TIE_LOGITS}
+
+    accepted = [a - 1 for a in spec.acceptance_lengths]
+    stopped = bool(spec.tokens) and spec.tokens[-1] in stop
+    _, kept = kept_steps([a + 1 for a in accepted], len(spec.tokens) - 1)
+    return {"tokens": spec.tokens, "accepted": accepted, "plain": plain.tokens,
             "text": text(spec.tokens), "plain_text": text(plain.tokens), "prompt_ids": list(ids),
-            "lossless": spec.tokens == plain.tokens}
+            "lossless": spec.tokens == plain.tokens, "parting": parting,
+            "stop_kept": kept[-1] - 1 if stopped and kept else None}
 
 
 def run_cli(args) -> int:
@@ -432,8 +545,7 @@ def run_cli(args) -> int:
     print(format_table(report))
     print(f"wrote {path}")
     s = report["summary"]
-    failed = [k for k in ("engine_lossless", "engine_plain_equals_ours", "aligned_equal", "aligned_ends_consistent")
-              if s.get(k) is False]
+    failed = failed_checks(s)
     if failed:
         echo(f"eval --engine llama.cpp: FAILED: {', '.join(failed)} (details per prompt in {path})")
         return 1
