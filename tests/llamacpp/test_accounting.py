@@ -13,6 +13,7 @@ from dflash_train.eval.llamacpp import (
     failed_checks,
     first_parting,
     kept_steps,
+    nearest_tie,
     our_tau,
     parse_completion,
     parse_speculative,
@@ -112,6 +113,23 @@ def test_a_parting_is_found_where_the_tokens_part_and_measured_by_its_gap():
     assert gap == pytest.approx(2.0897, abs=1e-3) and gap > NEAR_TIE_LOGITS
     assert tie_gap(logits, 1, " Death", _decode, top=2) == (None, None)  # none of the top 2 fits its text
 
+
+
+def test_the_parting_is_placed_at_the_token_with_the_nearest_tie():
+    """Texts part at our token 2 (" of" against "es"), the tokens at token 1 ("cho" against "ch"):
+    the lookback finds token 1 and its 0.0006 gap, not token 2's whole logits."""
+    ours, engine_text = [0, 1, 4, 5], "Echoes of Eternity"
+    rows = torch.full((3, len(VOCAB)), -5.0)
+    rows[1, 1], rows[1, 2] = 14.0897, 14.0891  # token 1: "cho" over "ch"
+    rows[2, 4], rows[2, 7] = 9.67, 3.0  # token 2: " of" over "es"
+    found = nearest_tie(rows, ours, engine_text, _decode, k=2)
+    assert found["token"] == 1 and found["engine"] == "ch" and found["near_tie"]
+    assert found["gap"] == pytest.approx(0.0006, abs=1e-4)
+    rows[1, 2] = 10.0  # no tie anywhere: the smallest gap is reported, and it fails
+    found = nearest_tie(rows, ours, engine_text, _decode, k=2)
+    assert found["token"] == 1 and found["gap"] == pytest.approx(4.0897, abs=1e-3) and not found["near_tie"]
+    lost = nearest_tie(rows, ours, "Exit", _decode, k=0)  # no token of ours goes on with the engine's text
+    assert lost == {"token": 0, "ours": "E", "engine": None, "gap": None, "near_tie": False}
 
 def test_near_tie_partings_are_reported_not_failed():
     summary = {"engine_lossless": False, "engine_plain_equals_ours": False, "aligned_equal": True,

@@ -285,6 +285,19 @@ def tie_gap(logits, ours: int, rest: str, decode, top: int = 8) -> tuple[float |
     return None, None
 
 
+def nearest_tie(rows, ours: list[int], engine_text: str, decode, k: int) -> dict:
+    """Texts part a token or more after the tokens do ("Echo" + " of" against "Ech" + "oes"): of our
+    tokens ``k - PARTING_LOOKBACK .. k`` (``rows[j]``: our logits for token ``j``), the one where a
+    token the engine's text goes on with comes closest to ours, with that gap (``near_tie``: within
+    :data:`NEAR_TIE_LOGITS`); ``k``, with no gap, when no token fits anywhere."""
+    best = {"token": k, "ours": decode([ours[k]]), "engine": None, "gap": None}
+    for j in range(max(0, k - PARTING_LOOKBACK), k + 1):
+        gap, piece = tie_gap(rows[j], ours[j], engine_text[len(decode(ours[:j])):], decode)
+        if gap is not None and (best["gap"] is None or gap < best["gap"]):
+            best = {"token": j, "ours": decode([ours[j]]), "engine": piece, "gap": gap}
+    return {**best, "near_tie": best["gap"] is not None and best["gap"] <= NEAR_TIE_LOGITS}
+
+
 def our_tau(tokens: int, steps: int) -> float:
     """Our rule on our decode: tokens past the prefill's over verify steps."""
     return (tokens - 1) / steps if steps else 0.0
@@ -310,12 +323,11 @@ def evaluate_prompt(cfg: EngineConfig, prompt: str, n: int, reference: dict | No
                        "engine_lossless": spec.text.startswith(plain.text) and
                        (not plain.ended_by_stop or spec.text == plain.text)})
     if reference is not None:
-        texts = {"llama.cpp speculative": spec.text, "llama.cpp plain": plain.text if plain is not None else None}
-        partings = (reference["parting"](name, text) for name, text in texts.items() if text is not None)
-        record["partings"] = [p for p in partings if p is not None]
-        at = next((p["token"] for p in record["partings"] if p["decode"] == "llama.cpp speculative"), None)
-        record["alignment"] = align(spec.steps, reference["accepted"], cfg.n_draft, reference["stop_kept"],
-                                    None if at is None else steps_before(reference["accepted"], at))
+        spec_parting = reference["parting"]("llama.cpp speculative", spec.text, runs_past=True)
+        plain_parting = reference["parting"]("llama.cpp plain", plain.text) if plain is not None else None
+        record["partings"] = [p for p in (spec_parting, plain_parting) if p is not None]
+        limit = None if spec_parting is None else steps_before(reference["accepted"], spec_parting["token"])
+        record["alignment"] = align(spec.steps, reference["accepted"], cfg.n_draft, reference["stop_kept"], limit)
         record["ours_tau"] = our_tau(len(reference["tokens"]), len(reference["accepted"]))
         record["ours_verified_tau"] = sum(a + 1 for a in reference["accepted"]) / max(1, len(reference["accepted"]))
         if plain is not None:
@@ -371,10 +383,10 @@ def summarize(records: list[dict], n_draft: int) -> dict:
 def failed_checks(summary: dict) -> list[str]:
     """The verdicts that failed. A decode that parted from ours only at near-ties (float32 rounding in
     llama.cpp's kernels, :data:`NEAR_TIE_LOGITS`) is reported, not failed."""
-    strict = ("aligned_equal", "aligned_ends_consistent")
-    tie_tolerant = ("engine_lossless", "engine_plain_equals_ours")
-    keys = strict if summary.get("partings_near_ties") else strict + tie_tolerant
-    return [k for k in tie_tolerant + strict if k in keys and summary.get(k) is False]
+    checks = ("aligned_equal", "aligned_ends_consistent")
+    if not summary.get("partings_near_ties"):
+        checks = ("engine_lossless", "engine_plain_equals_ours", *checks)
+    return [k for k in checks if summary.get(k) is False]
 
 
 def format_table(report: dict) -> str:
@@ -465,26 +477,19 @@ def _reference(target, drafter, ids, n: int, block: int) -> dict:
     def text(tokens):
         return target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def parting(decode_name: str, engine_text: str) -> dict | None:
-        """Where an engine's text leaves our plain greedy decode, and by how much our float32 logits
-        preferred our token there (``near_tie``: within :data:`NEAR_TIE_LOGITS`). Texts part a token or
-        more after the tokens do ("Echo" + " of" against "Ech" + "oes"), so the few tokens before the
-        text's parting are tried too, in one forward, and the one with the smallest gap is reported."""
+    def parting(decode_name: str, engine_text: str, runs_past: bool = False) -> dict | None:
+        """Where an engine's text leaves our plain greedy decode (None: it does not; ``runs_past``:
+        the engine may go on past ours), and how close our float32 logits were there."""
         ours = plain.tokens
         k = first_parting(engine_text, ours, text)
         if k is None:
-            if engine_text == text(ours) or decode_name == "llama.cpp speculative":
-                return None  # the same (the speculative decode may run past -n)
+            if runs_past or engine_text == text(ours):
+                return None
             return {"decode": decode_name, "token": len(ours), "ours": None, "engine": None, "gap": None,
                     "near_tie": False}
         with torch.no_grad():
-            logits = target.model(torch.tensor([list(ids) + ours[:k]])).logits[0, len(ids) - 1:].float()
-        best = {"decode": decode_name, "token": k, "ours": text([ours[k]]), "engine": None, "gap": None}
-        for j in range(max(0, k - PARTING_LOOKBACK), k + 1):
-            gap, piece = tie_gap(logits[j], ours[j], engine_text[len(text(ours[:j])):], text)
-            if gap is not None and (best["gap"] is None or gap < best["gap"]):
-                best.update(token=j, ours=text([ours[j]]), engine=piece, gap=gap)
-        return {**best, "near_tie": best["gap"] is not None and best["gap"] <= NEAR_TIE_LOGITS}
+            rows = target.model(torch.tensor([list(ids) + ours[:k]])).logits[0, len(ids) - 1:].float()
+        return {"decode": decode_name, **nearest_tie(rows, ours, engine_text, text, k)}
 
     accepted = [a - 1 for a in spec.acceptance_lengths]
     stopped = bool(spec.tokens) and spec.tokens[-1] in stop
