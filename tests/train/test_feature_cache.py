@@ -14,7 +14,7 @@ from dflash_train.config import config_from_dict, load_config
 from dflash_train.data.batching import MicroBatch
 from dflash_train.models.attention import document_layout
 from dflash_train.train import trainer as trainer_module
-from dflash_train.train.features import LocalFeatures, SampleFeatureCache
+from dflash_train.train.features import LocalFeatures, SampleFeatureCache, cache_gib_for, free_device_gib
 from dflash_train.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"
@@ -203,3 +203,14 @@ def _half_the_cache(job: dict) -> float:
     probe = Trainer(config_from_dict({**job, "train": {**job["train"], "feature_cache": "device"}}),
                     target=tiny_chat_target(SMOLLM2), echo=lambda *a: None)
     return probe.source.gib / 2
+
+
+def test_the_default_gpu_part_of_the_cache_is_the_free_memory_less_the_steps_headroom():
+    """``train.feature_cache_gib: null`` on a GPU: free memory less 12% of the card (at least 8 GiB),
+    so one recipe runs on an H200 and an H100 alike (the H200's 124 GiB was 141 less 17)."""
+    gib = 2**30
+    assert cache_gib_for(139 * gib, 141 * gib) == pytest.approx(139 - 0.12 * 141)  # an H200: ~122 GiB
+    assert cache_gib_for(78 * gib, 80 * gib) == pytest.approx(78 - 9.6)  # an H100 80GB: ~68 GiB
+    assert cache_gib_for(20 * gib, 24 * gib) == pytest.approx(12.0)  # a small card keeps at least 8 GiB
+    assert cache_gib_for(5 * gib, 24 * gib) == 0.0  # no room: every row spills to host memory
+    assert free_device_gib(torch.device("cpu")) is None  # off CUDA: no cap, the cache lives where it is put

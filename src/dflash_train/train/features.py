@@ -119,6 +119,30 @@ class CacheLayout:
     spill_rows: torch.Tensor  # ... and their rows there
 
 
+# The room a training step needs beside the cache when ``train.feature_cache_gib`` is null: this fraction
+# of the card, at least CACHE_HEADROOM_MIN_GIB. The SmolLM2 recipe ran with 124 GiB cached on a 141 GiB
+# H200, 17 GiB (12%) left to the step; the same rule leaves an H100 80GB ~69 GiB of cache.
+CACHE_HEADROOM_FRACTION = 0.12
+CACHE_HEADROOM_MIN_GIB = 8.0
+
+
+def cache_gib_for(free_bytes: int, total_bytes: int) -> float:
+    """GiB of feature cache a GPU with ``free_bytes`` free of ``total_bytes`` can hold and still run
+    the step: what is free less the headroom (CACHE_HEADROOM_FRACTION of the card, at least
+    CACHE_HEADROOM_MIN_GIB); never below 0 (then every row spills to host memory)."""
+    headroom = max(CACHE_HEADROOM_MIN_GIB * 2**30, CACHE_HEADROOM_FRACTION * total_bytes)
+    return max(0.0, (free_bytes - headroom) / 2**30)
+
+
+def free_device_gib(device: torch.device) -> float | None:
+    """The default GPU part of the cache (``train.feature_cache_gib: null``), sized from the card it
+    lands on, measured after the target and drafter are loaded; None (no cap) off CUDA."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return cache_gib_for(free, total)
+
+
 class SampleFeatureCache:
     """Each conversation's target features, computed in its first epoch and read back from
     memory afterwards: from the second epoch on a step runs no target forward.
@@ -138,7 +162,8 @@ class SampleFeatureCache:
     copy per step); 57,652 SmolLM2 conversations with 4 feature layers need ~61 GB.
 
     A dataset larger than the GPU can hold: ``device_gib`` caps the part on ``device`` (the
-    dataset's first tokens); the rest spills to host memory. A step reads its spilled rows with
+    dataset's first tokens; None on a GPU: its free memory less a headroom for the step,
+    ``cache_gib_for``); the rest spills to host memory. A step reads its spilled rows with
     one host gather into pinned memory and one asynchronous copy, both done ahead by the
     prefetching thread where it can (``prefetch``): the GPU keeps the step it is running.
 
@@ -156,6 +181,8 @@ class SampleFeatureCache:
         total = int(self.offsets[-1])
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
         device = torch.device(device)
+        if device_gib is None:
+            device_gib = free_device_gib(device)
         on_device = total if device_gib is None else min(total, int(device_gib * 2**30) // row_bytes)
         self.store = self._allocate(on_device, width, dtype, device)
         self.spill = self._allocate(total - on_device, width, dtype, torch.device("cpu"))

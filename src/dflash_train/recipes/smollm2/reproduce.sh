@@ -16,8 +16,9 @@
 #            $DATA/greedy-0.jsonl, greedy-1.jsonl, greedy-2.jsonl (each tarball holds one greedy-0.jsonl)
 #   inspect  tokenize them as the recipe does and print the counts (CPU, a few minutes; the run reported
 #            190,778 conversations kept); optional: training tokenizes them again into its own cache
-#   train    `dflash-train train smollm2-1gpu` on the three sets: 8.0 minutes of steps, the feature cache with
-#            124 GiB on the GPU and the rest in host memory, no in-training evaluation (~9.5 minutes in all)
+#   train    `dflash-train train smollm2-1gpu` on the three sets with target.path=$TARGET: 8.0 minutes of steps,
+#            the feature cache sized from the card (its free memory less 12%: ~124 GiB on an H200, ~69 on an
+#            H100 80GB; the rest in host memory), no in-training evaluation (~9.5 minutes in all)
 #   export   the newest checkpoint as a serving folder, float32 weights (as evaluated)
 #   eval     the first 24 held-out prompts, 128 new tokens, static engine, fp32 (split-K, fused projections,
 #            the draft step compiled), then the same in bfloat16: tau, speedup, lossless check, in $RUN/eval24*
@@ -32,12 +33,16 @@ DFT=${DFT:-dflash-train}
 PY=${PY:-python}
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}
 T0=$(date +%s)
+current=setup  # the stage running now: a failure names it in one line (the command's own error is above it)
+trap 'echo "reproduce.sh: the $current stage failed (exit $?); the line above says why" >&2' ERR
 stage() { echo "== $1: $(( $(date +%s) - T0 ))s"; }
-want() { [[ " $STAGES " == *" $1 "* ]]; }
-[ -d "$SETS" ] || { echo "no $SETS: run this from the repository root"; exit 1; }
+want() { [[ " $STAGES " == *" $1 "* ]] && current=$1; }
+[ -d "$SETS" ] || { echo "reproduce.sh: no $SETS: run this from the repository root" >&2; exit 1; }
+command -v "${DFT%% *}" >/dev/null || { echo "reproduce.sh: $DFT not found: run \`make venv\` and put .venv/bin on PATH, or set DFT" >&2; exit 1; }
 PATHS="$DATA/greedy-0.jsonl,$DATA/greedy-1.jsonl,$DATA/greedy-2.jsonl"
 
 if want assets && [ ! -f "$TARGET/config.json" ]; then
+  [ "$TARGET" = assets/smollm2 ] || { echo "reproduce.sh: no $TARGET/config.json (TARGET must be a model folder; only assets/smollm2 is fetched)" >&2; exit 1; }
   HF_HUB_OFFLINE=0 $PY -m dflash_train.assets smollm2 --out "$TARGET"
   stage "assets: $TARGET"
 fi
@@ -65,7 +70,7 @@ fi
 if want train; then
   # as the eleventh run's main run (docs/results/smollm2-h200-12/main/cmd.txt), whose optimizer, loss
   # positions and reach weighting are the recipe's values now
-  $DFT train smollm2-1gpu "data.paths=[$PATHS]" train.feature_cache_gib=124 train.time_budget_minutes=8.0 \
+  $DFT train smollm2-1gpu "data.paths=[$PATHS]" "target.path=$TARGET" train.time_budget_minutes=8.0 \
     eval.prompts=null train.log_every=100 "train.run_dir=$RUN" "$@"
   stage "train: $RUN"
 fi
