@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
+import json
 import os
 import re
 import secrets
@@ -30,6 +32,7 @@ import shutil
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HOST = socket.gethostname()
@@ -294,3 +297,71 @@ def write_figure(fig, path: str | Path, what: str, todo: str = "", dpi: int = 10
         plt.close(fig)
     atomic_write_bytes(path, png.getvalue(), what, todo)
     return Path(path)
+
+
+# -- integrity: checksums of a folder's files, verified when it is read back -----------------------
+CHECKSUMS = "checksums.json"  # {relative path: {"sha256", "bytes"}}, written last into the folder
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_checksums(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
+    """``{relative path: {"sha256", "bytes"}}`` of every file under ``folder`` (but the checksum
+    file and the names in ``skip``). hashlib releases the GIL on large buffers, so a few threads
+    hash the files in parallel: the cost stays about one read of the folder."""
+    names = {CHECKSUMS, *skip}
+    found = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name not in names)
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(found)))) as pool:
+        digests = list(pool.map(sha256_file, found))
+    return {str(p.relative_to(folder)): {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(found, digests)}
+
+
+def verify_checksums(folder: Path, missing_ok: bool = False) -> str | None:
+    """None when every file ``checksums.json`` names matches it, else what is wrong (one line).
+    No checksum file is a problem unless ``missing_ok`` (folders written before they carried
+    one). A file that cannot be read, a malformed checksum file or one naming a file outside the
+    folder is a problem too, never an exception."""
+    folder = Path(folder)
+    if not (folder / CHECKSUMS).exists():
+        return None if missing_ok else f"{CHECKSUMS} is missing"
+    try:
+        expected = json.loads((folder / CHECKSUMS).read_text())
+    except (ValueError, RecursionError) as err:
+        return f"{CHECKSUMS} is unreadable ({' '.join(str(err).split())[:120]})"
+    except OSError as err:
+        return f"{CHECKSUMS} cannot be read ({err.strerror})"
+    if not _checksums_well_formed(expected):
+        return f"{CHECKSUMS} is malformed (expected {{file: {{sha256, bytes}}}} of files inside the folder)"
+    try:
+        for name, want in sorted(expected.items()):
+            file = folder / name
+            if not file.is_file():
+                return f"{name} is missing"
+            size = file.stat().st_size
+            if size != want["bytes"]:
+                return f"{name} has {size} bytes, {want['bytes']} were written"
+        for name, want in sorted(expected.items()):
+            if sha256_file(folder / name) != want["sha256"]:
+                return f"{name} does not match its sha256 checksum (its bytes changed after it was written)"
+    except OSError as err:
+        return f"{Path(err.filename or '?').name} cannot be read ({err.strerror})"
+    return None
+
+
+def _checksums_well_formed(expected) -> bool:
+    if not isinstance(expected, dict):
+        return False
+    for name, want in expected.items():
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            return False
+        if not (isinstance(want, dict) and isinstance(want.get("sha256"), str)
+                and isinstance(want.get("bytes"), int) and not isinstance(want.get("bytes"), bool)):
+            return False
+    return True

@@ -29,11 +29,10 @@ ask.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from dflash_train import files
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -46,7 +45,7 @@ LOCK = "run.lock"
 
 DRAFTER_CONFIG = "drafter_config.json"
 DRAFTER_WEIGHTS = "drafter.safetensors"
-CHECKSUMS = "checksums.json"
+CHECKSUMS = files.CHECKSUMS  # sha256 and size of every file of a checkpoint (files.py)
 COMPLETE = "COMPLETE"
 
 _STEP_PREFIX = "step-"
@@ -89,56 +88,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-# -- integrity -------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
+# -- integrity (files.py holds the checksum helpers every folder we read back uses) ------------
 def file_checksums(folder: Path) -> dict[str, dict]:
-    """``{relative path: {"sha256", "bytes"}}`` of every file under ``folder`` (except the
-    checksum file and the COMPLETE marker). hashlib releases the GIL on large buffers, so a
-    few threads hash the shards in parallel: the cost of a save stays about one read of it."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE))
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:
-        digests = list(pool.map(_sha256, files))
-    return {str(p.relative_to(folder)): {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(files, digests)}
+    """``{relative path: {"sha256", "bytes"}}`` of every file of a checkpoint but its COMPLETE marker."""
+    return files.file_checksums(folder, skip=(COMPLETE,))
 
 
 def verify_checkpoint(path: Path) -> str | None:
-    """None when every file matches its recorded checksum, else what is wrong (one line).
-    A checkpoint from before checksums existed (no ``checksums.json``) passes unverified. A
-    file that cannot be read (an I/O error, permissions), a malformed checksum file or one
-    naming a file outside the checkpoint is a problem too, never an exception."""
-    path = Path(path)
-    if not (path / CHECKSUMS).exists():
-        return None
-    try:
-        expected = json.loads((path / CHECKSUMS).read_text())
-    except (ValueError, RecursionError) as err:
-        return f"{CHECKSUMS} is unreadable ({' '.join(str(err).split())[:120]})"
-    except OSError as err:
-        return f"{CHECKSUMS} cannot be read ({err.strerror})"
-    if not _checksums_well_formed(expected):
-        return f"{CHECKSUMS} is malformed (expected {{file: {{sha256, bytes}}}} of files inside the checkpoint)"
-    try:
-        for name, want in sorted(expected.items()):
-            file = path / name
-            if not file.is_file():
-                return f"{name} is missing"
-            size = file.stat().st_size
-            if size != want["bytes"]:
-                return f"{name} has {size} bytes, {want['bytes']} were written"
-        actual = file_checksums(path)
-    except OSError as err:
-        return f"{Path(err.filename or '?').name} cannot be read ({err.strerror})"
-    for name, want in sorted(expected.items()):
-        if actual[name]["sha256"] != want["sha256"]:
-            return f"{name} does not match its sha256 checksum (its bytes changed after the save)"
-    return None
+    """None when every file matches its recorded checksum, else what is wrong (one line). A
+    checkpoint from before checksums existed (no ``checksums.json``) passes unverified."""
+    return files.verify_checksums(path, missing_ok=True)
 
 
 def newest_verified(run_dir: str | Path, usable=is_complete, on_corrupt=None) -> Path | None:
@@ -159,14 +118,3 @@ def newest_verified(run_dir: str | Path, usable=is_complete, on_corrupt=None) ->
     return None
 
 
-def _checksums_well_formed(expected) -> bool:
-    if not isinstance(expected, dict):
-        return False
-    for name, want in expected.items():
-        parts = Path(name).parts
-        if not parts or Path(name).is_absolute() or ".." in parts:
-            return False
-        if not (isinstance(want, dict) and isinstance(want.get("sha256"), str)
-                and isinstance(want.get("bytes"), int) and not isinstance(want.get("bytes"), bool)):
-            return False
-    return True

@@ -126,3 +126,26 @@ def test_a_second_builder_of_the_same_entry_keeps_the_published_one(tmp_path):
     (entry / DATA_FILE).unlink()  # a partial entry (an old crash) is replaced
     write_entry(entry, [row, row], SkipReport())
     assert len(load_cached(entry)[0]) == 2
+
+
+def test_an_entry_whose_bytes_changed_but_still_parse_is_tokenized_again(tmp_path, chatml_tok, counter, capsys):
+    """Token ids zeroed inside ``data.arrow`` still parse as Arrow: only the entry's checksums see it.
+    The entry is rebuilt (one note) and the rows are the ones first tokenized, never the damaged ones."""
+    import numpy as np
+
+    write_jsonl(tmp_path / "d.jsonl", ROWS)
+    first, _ = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    want = [list(row["input_ids"]) for row in first]
+    [entry] = [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]
+    arrow = entry / "data.arrow"
+    raw = bytearray(arrow.read_bytes())
+    ids = np.asarray(want[0][:8], dtype="<i4").tobytes()
+    at = raw.find(ids)
+    assert at > 0, "the first row's token ids are stored as plain little-endian int32"
+    raw[at:at + len(ids)] = bytes(len(ids))
+    del first
+    arrow.write_bytes(bytes(raw))
+    again, _ = load_tokenized(cfg(tmp_path), chatml_tok, block_size=4)
+    assert [list(row["input_ids"]) for row in again] == want
+    assert len(counter) == 2  # tokenized once, then again for the damaged entry
+    assert "is corrupt (data.arrow does not match its sha256 checksum" in capsys.readouterr().err

@@ -4,7 +4,10 @@ The key hashes the data files' bytes, the tokenizer (its serialized vocab/merges
 special tokens), the chat template and the tokenization options, so a second run with
 the same inputs memory-maps the Arrow file at once and any change re-tokenizes. Entries
 are written to a temporary folder and renamed into place, so an interrupted run never
-leaves a half-written cache that later runs would trust.
+leaves a half-written cache that later runs would trust. Each entry carries the sha256 of its
+files (``checksums.json``, written last), verified every time it is read: bytes damaged after
+the write, even ones that still parse, make the entry corrupt, and it is tokenized again
+with a one-line note instead of being trained on.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dflash_train.files import (
+    CHECKSUMS,
     explained,
+    file_checksums,
     file_error,
     note,
     pid_alive,
     staged_folder,
     sweep_stale_temps,
     temp_path,
+    verify_checksums,
 )
 
 from .errors import SkipReport
@@ -36,7 +42,7 @@ from .errors import SkipReport
 if TYPE_CHECKING:  # imported where used: paths that never read data (bench, eval) need no `datasets`
     import datasets
 
-FORMAT_VERSION = 2  # 2: plain-text records; reports count truncation
+FORMAT_VERSION = 3  # 2: plain-text records; reports count truncation; 3: checksums.json, verified on read
 DATA_FILE = "data.arrow"
 REPORT_FILE = "report.json"
 
@@ -97,9 +103,13 @@ _TODO = "set data.cache_dir (or DFLASH_DATA_CACHE) to a folder you can write"
 
 def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
     """The entry's rows and report; None when it is not there; ``CorruptEntry`` when it is
-    there but does not read back. A file fault (permission, I/O) is a one-line error."""
+    there but does not read back or its bytes do not match their checksums. A file fault
+    (permission, I/O) is a one-line error."""
     if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
         return None
+    problem = verify_checksums(entry)
+    if problem is not None:
+        raise CorruptEntry(problem)
     with _entry_file(entry / REPORT_FILE):
         report = SkipReport.from_dict(json.loads((entry / REPORT_FILE).read_bytes().decode("utf-8")))
     import datasets
@@ -135,6 +145,7 @@ def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: in
     with staged_folder(entry, "data cache entry", _TODO, publish=partial(_publish, replace=replace)) as tmp:
         _write_arrow(tmp, rows, batch)
         (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
+        (tmp / CHECKSUMS).write_text(json.dumps(file_checksums(tmp)))
 
 
 def _publish(tmp: Path, entry: Path, replace: bool = False) -> None:
