@@ -32,7 +32,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dflash_train import files
+from dflash_train.files import CHECKSUMS as _CHECKSUMS
+from dflash_train.files import file_checksums as _file_checksums
+from dflash_train.files import verify_checksums
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -45,7 +47,7 @@ LOCK = "run.lock"
 
 DRAFTER_CONFIG = "drafter_config.json"
 DRAFTER_WEIGHTS = "drafter.safetensors"
-CHECKSUMS = files.CHECKSUMS  # sha256 and size of every file of a checkpoint (files.py)
+CHECKSUMS = _CHECKSUMS  # sha256 and size of every file of a checkpoint (files.py)
 COMPLETE = "COMPLETE"
 
 _STEP_PREFIX = "step-"
@@ -91,13 +93,13 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 # -- integrity (files.py holds the checksum helpers every folder we read back uses) ------------
 def file_checksums(folder: Path) -> dict[str, dict]:
     """``{relative path: {"sha256", "bytes"}}`` of every file of a checkpoint but its COMPLETE marker."""
-    return files.file_checksums(folder, skip=(COMPLETE,))
+    return _file_checksums(folder, skip=(COMPLETE,))
 
 
 def verify_checkpoint(path: Path) -> str | None:
     """None when every file matches its recorded checksum, else what is wrong (one line). A
     checkpoint from before checksums existed (no ``checksums.json``) passes unverified."""
-    return files.verify_checksums(path, missing_ok=True)
+    return verify_checksums(path, missing_ok=True)
 
 
 def newest_verified(run_dir: str | Path, usable=is_complete, on_corrupt=None) -> Path | None:
