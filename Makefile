@@ -34,7 +34,7 @@ test: venv assets llama-cpp
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: venv
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests scripts
 
 clean:
 	rm -rf $(VENV) runs/demo
