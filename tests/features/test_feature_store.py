@@ -269,3 +269,37 @@ def test_a_rerun_with_another_encoding_is_refused(tmp_path):
     with pytest.raises(UserFacingError, match="holds dtype=auto, this dump asks float8"):
         _dump(job, tmp_path / "store", "float8")
     assert _dump(job, tmp_path / "store")["state"] == "complete"  # the same job: complete already
+
+
+def test_training_from_a_store_loads_only_the_targets_head(tmp_path, monkeypatch):
+    """The path a job takes (target.path, no target passed in): embedding, final norm and lm_head load,
+    no decoder layer; the drafter and the losses are those of online training."""
+    from dflash_train.models.target import Target
+    from dflash_train.train import trainer as trainer_module
+
+    folder = tmp_path / "model"
+    full = tiny_chat_target(SMOLLM2)
+    full.model.save_pretrained(folder)
+    full.tokenizer.save_pretrained(folder)
+    head = Target.load_head(folder)
+    assert len(head.layers) == 0 and head.num_layers == 6 and head.facts == full.facts
+    assert fmt.head_fingerprint(head) == fmt.head_fingerprint(full)
+    with pytest.raises(ValueError, match="loaded without its decoder layers"):
+        head.features(torch.zeros(1, 4, dtype=torch.long), None, [1, 3])
+    online = _job(tmp_path, "online", max_steps=4)
+    online["target"]["path"] = str(folder)
+    _dump(online, tmp_path / "store")
+    want, _ = _train(online)
+    loaded, original = [], trainer_module.load_target
+
+    def recording(*args, **kwargs):
+        loaded.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "load_target", recording)
+    stored = _from_store(_job(tmp_path, "stored", max_steps=4), tmp_path / "store")
+    stored["target"]["path"] = str(folder)
+    summary = train(config_from_dict(stored), **QUIET)
+    assert loaded == [{"layers": False}] and summary["steps"] == 4
+    rows = [json.loads(line) for line in (tmp_path / "stored" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows if "loss" in r] == want

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from dflash_train.cli_types import float_in
 from dflash_train.config import job_from_args, recipe_names
 from dflash_train.features.format import DTYPES
 
@@ -21,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES,
                    help="auto: the target's dtype (exactly what online training reads); bfloat16; float8: e4m3 with "
                         "a float32 scale per token and layer (about half of bfloat16)")
-    p.add_argument("--shard-mib", type=float, default=256.0, help="bytes per shard file, in MiB (default 256)")
+    p.add_argument("--shard-mib", type=float_in(0.0, low_open=True), default=256.0, help="bytes per shard file, in MiB (default 256)")
     p.add_argument("--verify", action="store_true",
                    help="rehash every shard already written and rewrite those that changed")
     p.set_defaults(func=run_features)
