@@ -127,6 +127,7 @@ class StoreFeatures:
         self.final_hidden = final_hidden
         self.pin = self.device.type == "cuda"
         self.read_bytes, self.read_seconds, self.waited_seconds, self.waits, self.steps = 0, 0.0, 0.0, 0, 0
+        self.first_call = self.last_call = None  # the span of the steps' calls: the bandwidth they consumed
 
     def next_step(self):
         return self.batches.next_step()
@@ -164,6 +165,8 @@ class StoreFeatures:
             self.waited_seconds += time.perf_counter() - started
             self.waits += 1
         self.steps += 1
+        self.last_call = time.perf_counter()
+        self.first_call = self.first_call or self.last_call
         shape = input_ids.shape
         parts = {name: t.to(self.device, non_blocking=self.pin) for name, t in host.items()}
         features = fmt.decode(parts, self.dtype, self.store.layers).view(*shape, -1)
@@ -173,16 +176,21 @@ class StoreFeatures:
 
     def report(self) -> dict:
         """Bytes read from the store, the seconds the reads took (on the prefetching thread unless
-        ``waits``), their bandwidth, and the seconds the step itself waited on reads."""
+        ``read_in_step``), the bandwidth the reads reached, the bandwidth the steps consumed (bytes over
+        the time from the first step's read to the last's: the store keeps up while this is below the
+        former), and the seconds the step itself waited on reads."""
         gib = self.read_bytes / 2**30
+        span = (self.last_call - self.first_call) if self.first_call is not None else 0.0
         return {"read_gib": round(gib, 4), "read_seconds": round(self.read_seconds, 3),
                 "read_gib_per_s": round(gib / self.read_seconds, 3) if self.read_seconds else None,
+                "steps_gib_per_s": round(gib / span, 4) if span else None,
                 "step_waited_seconds": round(self.waited_seconds, 3), "micro_batches": self.steps,
                 "read_in_step": self.waits}
 
     def report_line(self, report: dict) -> str:
         return (f"feature store: {report['read_gib']:.3f} GiB read in {report['read_seconds']:.1f} s "
-                f"({report['read_gib_per_s']} GiB/s), the step waited {report['step_waited_seconds']:.1f} s")
+                f"({report['read_gib_per_s']} GiB/s; the steps consumed {report['steps_gib_per_s']} GiB/s), "
+                f"the step waited {report['step_waited_seconds']:.1f} s")
 
 
 def store_source(trainer) -> StoreFeatures:
