@@ -82,6 +82,46 @@ def held_out_tau(recipe: str, overrides: list[str], run_dir: Path, prompts: int)
     return json.loads((evaluation / "eval.json").read_text()).get("mean_tau")
 
 
+def source_timing(recipe: str, overrides: list[str], out: Path, kinds: list[str], count: int, rounds: int = 3) -> dict:
+    """Seconds to produce one micro-batch's features, per source: the target's forward ("online") and each
+    store's read + decode, on the first ``count`` micro-batches of the first epoch, the sources taking turns
+    micro-batch by micro-batch (a machine whose load drifts slows them alike); medians, and context
+    tokens/s of the features alone."""
+    import torch
+
+    from dflash_train.config import load_config
+    from dflash_train.devices import resolve_device
+    from dflash_train.features.reader import FeatureStore, StoreFeatures
+    from dflash_train.train.assembly import load_data, load_target, resolve_drafter, target_dtype
+    from dflash_train.train.features import target_features
+
+    cfg = load_config(recipe, overrides)
+    device = resolve_device(cfg.train.device)
+    dtype = target_dtype(cfg, device)
+    target = load_target(cfg.target, device, dtype)
+    layer_ids = resolve_drafter(cfg.drafter, target).target_layer_ids
+    data = load_data(cfg, target.tokenizer, cfg.drafter.block_size)
+    iterator = data.batches(0, 1, 1)
+    mbs = [iterator.collate(ids, 0) for ids in data.plan.epoch_micro_batches(0)[:count]]
+    sources = {"online": lambda mb: target_features(target, layer_ids, False, mb, mb.input_ids.to(device),
+                                                    mb.attention_mask.to(device))}
+    for kind in kinds:
+        store = StoreFeatures(None, FeatureStore(out / f"store-{kind}"), device, dtype, False)
+        sources[f"store-{kind}"] = lambda mb, store=store: store.features(mb, mb.input_ids.to(device), None)
+    seconds: dict[str, list[float]] = {name: [] for name in sources}
+    for _ in range(rounds):
+        for mb in mbs:
+            for name, source in sources.items():
+                started = time.perf_counter()
+                source(mb)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                seconds[name].append(time.perf_counter() - started)
+    tokens = statistics.mean(int(mb.attention_mask.sum()) for mb in mbs)
+    return {name: {"median_s_per_micro_batch": round(statistics.median(v), 5),
+                   "tokens_per_s": round(tokens / statistics.median(v), 1)} for name, v in seconds.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recipe")
@@ -90,8 +130,10 @@ def main() -> int:
     parser.add_argument("--epochs", type=float, default=2.0)
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--tau-prompts", type=int, default=0)
+    parser.add_argument("--source-timing", type=int, default=0, metavar="N",
+                        help="also time the feature sources alone on N micro-batches (after the modes' stores exist)")
     args = parser.parse_args()
-    modes = args.modes.split(",")
+    modes = [m for m in args.modes.split(",") if m]
     result: dict = {"recipe": args.recipe, "overrides": args.overrides, "epochs": args.epochs, "modes": {}}
     baseline = None
     for mode in modes:
@@ -113,6 +155,9 @@ def main() -> int:
             row["tau"] = held_out_tau(args.recipe, overrides, args.out / f"run-{mode}", args.tau_prompts)
         result["modes"][mode] = row
         print(json.dumps({mode: row}), file=sys.stderr)
+    if args.source_timing:
+        kinds = [m.removeprefix("store-") for m in MODES if m.startswith("store-") and (args.out / m).exists()]
+        result["source_timing"] = source_timing(args.recipe, args.overrides, args.out, kinds, args.source_timing)
     print(json.dumps(result, indent=1))
     return 0
 
