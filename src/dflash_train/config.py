@@ -259,9 +259,9 @@ class TrainConfig:
             if self.feature_cache != "off":
                 raise ValueError("train.feature_store reads every step's features from disk: train.feature_cache "
                                  "has nothing to keep; set it off")
-            if self.drafter_init == "target":
-                raise ValueError("train.feature_store loads no target layers, and train.drafter_init=target copies "
-                                 "them; use drafter_init=random (or train.init_from)")
+            if self.drafter_init == "target" or self.fsdp_target:
+                raise ValueError("train.feature_store loads no target layers, and train.drafter_init=target / "
+                                 "train.fsdp_target need them; use drafter_init=random, fsdp_target=false")
 
     def _validate_loggers(self) -> None:
         """Known backends, each once; the wandb mode one wandb knows."""
