@@ -303,3 +303,37 @@ def test_training_from_a_store_loads_only_the_targets_head(tmp_path, monkeypatch
     assert loaded == [{"layers": False}] and summary["steps"] == 4
     rows = [json.loads(line) for line in (tmp_path / "stored" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in rows if "loss" in r] == want
+
+
+def test_the_options_a_store_cannot_serve_are_refused_in_one_line():
+    from dflash_train.config import load_config
+
+    store = ["train.feature_store=stores/x"]
+    assert load_config("cpu-demo", [*store, "eval.prompts=null"]).train.feature_store == "stores/x"
+    for extra, match in ((["eval.prompts=null", "train.feature_cache=cpu"], "has nothing to keep"),
+                         ([], "eval.prompts decodes with the whole target"),
+                         (["eval.prompts=null", "train.drafter_init=target"], "need them"),
+                         (["eval.prompts=null", "train.fsdp_target=true"], "need them")):
+        with pytest.raises(ValueError, match=match):
+            load_config("cpu-demo", [*store, *extra])
+
+
+def test_conversation_spans_match_a_token_by_token_reference():
+    """Where each conversation's features sit in [rows * seq], packed or not, against a plain loop."""
+    from dflash_train.data.batching import MicroBatch
+
+    docs = torch.tensor([[4, 4, 4, 9, 9, -1], [7, 7, 2, -1, -1, -1], [5, 5, 5, 5, 5, 5]])
+    mask = (docs >= 0).long()
+    packed = MicroBatch(torch.zeros_like(docs), mask, mask, docs[:, 0], 0, docs)
+    unpacked = MicroBatch(torch.zeros_like(docs), mask, mask, torch.tensor([4, 7, 5]), 0)
+    for mb, flat in ((packed, docs.flatten().tolist()),
+                     (unpacked, torch.where(mask.bool(), torch.tensor([[4], [7], [5]]), -1).flatten().tolist())):
+        reference, previous = [], None
+        for slot, sample in enumerate(flat):
+            starts_row = slot % docs.shape[1] == 0
+            if sample >= 0 and (sample != previous or starts_row):
+                reference.append([sample, slot, 0])
+            if sample >= 0:
+                reference[-1][2] += 1
+            previous = sample
+        assert [list(s) for s in fmt.conversation_spans(mb)] == reference
