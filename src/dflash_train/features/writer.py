@@ -37,8 +37,8 @@ class StoreLock(RunLock):
     """The run-folder lock on a store folder: a second writer is refused, naming the first."""
 
     def _busy(self, info, by_hand: bool = False) -> str:
-        return super()._busy(info, by_hand).replace("train.run_dir", "feature store").replace(
-            "choose another train.run_dir", "write another store")
+        return super()._busy(info, by_hand).replace("choose another train.run_dir", "write another store").replace(
+            "train.run_dir", "feature store")
 
 
 @dataclass
