@@ -31,6 +31,7 @@ COMMANDS = [
     "dflash_train.bench.generate",
     "dflash_train.bench.fp8_features",
     "dflash_train.distributed.cli",
+    "dflash_train.features.cli",
     "dflash_train.config_cli",
     "dflash_train.assets",
     "dflash_train.llamacpp.build",
@@ -48,7 +49,7 @@ Your own model:                    dflash-train train RECIPE_OR_CONFIG target.pa
 # (heading, sub-commands, a closing line or None): the workflow first, then the side tools
 GROUPS = [
     ("1. data", ["offline-data", "prompts", "regenerate", "data"], None),
-    ("2. train", ["config", "train", "demo", "tiny-model", "plan"], None),
+    ("2. train", ["config", "features", "train", "demo", "tiny-model", "plan"], None),
     ("3. export", ["export"], None),
     ("4. evaluate", ["eval", "replay"], None),
     ("5. serve", ["llama-cpp"], "the exported folder's README.md gives the vLLM and SGLang command lines, "

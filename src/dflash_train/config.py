@@ -186,6 +186,10 @@ class TrainConfig:
     # tokens); the rest spills to host memory, read back ahead of each step (null: sized from the card,
     # its free memory less 12% of it for the step: ~124 GiB on an H200, ~69 on an H100 80GB)
     feature_cache_gib: float | None = None
+    # A feature store written by `dflash-train features` (features/): train from its features, with no
+    # target forward and only the target's embedding, final norm and lm_head loaded; refused, naming the
+    # field, when it was written for another target, layers, tokenizer, max_length or data (null: the target)
+    feature_store: str | None = None
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
     # The drafter layers' attention and MLP projections compute forward AND backward in FP8 e4m3 with
@@ -250,6 +254,15 @@ class TrainConfig:
                                  f"it has no use with feature_cache={self.feature_cache}")
             if not self.feature_cache_gib >= 0:
                 raise ValueError(f"train.feature_cache_gib must be >= 0, got {self.feature_cache_gib}")
+        if self.feature_store is not None:
+            if not isinstance(self.feature_store, str) or not self.feature_store:
+                raise ValueError(f"train.feature_store must be a folder path or null, got {self.feature_store!r}")
+            if self.feature_cache != "off":
+                raise ValueError("train.feature_store reads every step's features from disk: train.feature_cache "
+                                 "has nothing to keep; set it off")
+            if self.drafter_init == "target" or self.fsdp_target:
+                raise ValueError("train.feature_store loads no target layers, and train.drafter_init=target / "
+                                 "train.fsdp_target need them; use drafter_init=random, fsdp_target=false")
 
     def _validate_loggers(self) -> None:
         """Known backends, each once; the wandb mode one wandb knows."""
@@ -308,6 +321,9 @@ class JobConfig:
                 f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
             )
         self.eval.validate()
+        if self.train.feature_store and self.eval.prompts:
+            raise ValueError("train.feature_store loads no target layers, and eval.prompts decodes with the whole "
+                             "target: set eval.prompts=null and evaluate the export (dflash-train eval)")
 
     def validate_step(self) -> None:
         """The sections a training step is assembled from (target, drafter, optim, train, objective):

@@ -32,10 +32,11 @@ from dflash_train.train.tracking.base import SinkSettings
 from dflash_train.train.tracking.registry import check_loggers
 
 
-def _load_target(cfg: TargetConfig, target, device):
-    """``target``: None (load it as ``cfg`` says), a ``Target``, or a zero-argument factory (tests)."""
+def _load_target(cfg: TargetConfig, target, device, layers: bool = True):
+    """``target``: None (load it as ``cfg`` says; ``layers=False``: its head only, for a feature store), a
+    ``Target``, or a zero-argument factory (tests)."""
     if target is None:
-        return load_target(cfg, device, resolve_dtype(cfg.dtype, device))
+        return load_target(cfg, device, resolve_dtype(cfg.dtype, device), layers=layers)
     loaded = target() if callable(target) and not hasattr(target, "facts") else target
     return loaded.to(device)  # a target built elsewhere (tests, notebooks) trains on this rank's device
 
@@ -65,7 +66,8 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
         if not env.distributed:
             if cfg.train.fsdp_drafter or cfg.train.fsdp_target:
                 echo("one process: train.fsdp_* ignored")
-            result = train(cfg, target=_load_target(cfg.target, target, resolve_device(cfg.train.device)), echo=echo)
+            result = train(cfg, target=_load_target(cfg.target, target, resolve_device(cfg.train.device),
+                                                    layers=not cfg.train.feature_store), echo=echo)
         elif topo.disaggregated:
             result = _run_disaggregated(cfg, env, topo, groups, target, echo)
         else:
@@ -100,14 +102,15 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, groups: Groups, target, echo) -
     device = resolve_device(cfg.train.device)
     ranks = AgreedRanks(env.rank, env.world, groups.drafters, control=groups.control)
     timings = Timings(device)
-    loaded = _load_target(cfg.target, target, device)
+    store = bool(cfg.train.feature_store)  # each rank reads the store: no target forward to time
+    loaded = _load_target(cfg.target, target, device, layers=not store)
     if cfg.train.fsdp_target:
         parallelize_target(loaded, groups.drafters, device)
     _data_cache_first_on_rank0(cfg.data, cfg.drafter.block_size, loaded, env)
     echo_fn = _echo_for(env, echo)
     echo_fn(f"colocated: {env.world} ranks, backend {env.backend}, device {device}")
     return train(cfg, target=loaded, ranks=ranks, echo=echo_fn, timings=timings,
-                 features=lambda trainer: TimedFeatures(LocalFeatures(trainer), timings),
+                 features=None if store else (lambda trainer: TimedFeatures(LocalFeatures(trainer), timings)),
                  data_parallel=DataParallel(groups.drafters, device, fsdp=cfg.train.fsdp_drafter))
 
 

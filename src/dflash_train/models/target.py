@@ -106,6 +106,7 @@ class Target(nn.Module):
         self.tokenizer = tokenizer
         self.facts = target_facts(model.config)
         self._layer_owner, self._layer_attr = _decoder_layers(model)
+        self.num_layers = len(self.layers)  # the whole target's (``load_head`` loads none of them)
 
     @classmethod
     def load(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None,
@@ -123,6 +124,36 @@ class Target(nn.Module):
         target = cls(model, tokenizer)
         if fp8_linear:
             target.use_fp8_linears()
+        return target
+
+    @classmethod
+    def load_head(cls, path: str | os.PathLike, dtype=torch.float32, device="cpu", gguf_file: str | None = None) -> Target:
+        """The target without its decoder layers: embedding, final norm and lm_head, all a drafter
+        trained from a feature store reads (``features/reader.py``). The config is loaded with
+        ``num_hidden_layers=0`` so ``from_pretrained`` reads none of the layers' weights (an 8B
+        target: 1.2 of 16 GB); ``facts`` (and ``num_layers``) keep the whole target's numbers, so the
+        drafter is the one a full load gives. ``features`` refuses such a target."""
+        import copy
+
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        path, kwargs = _target_location(path, gguf_file)
+        tokenizer = load_tokenizer(path, **kwargs)
+        full = AutoConfig.from_pretrained(path, **kwargs)
+        headless = copy.deepcopy(full)
+        text = headless.get_text_config() if hasattr(headless, "get_text_config") else headless
+        text.num_hidden_layers = 0
+        if isinstance(getattr(text, "layer_types", None), list):
+            text.layer_types = []
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the skipped layers' weights would be listed as unexpected
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, config=headless, dtype=dtype, **kwargs).to(device)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        target = cls(model, tokenizer)
+        target.facts, target.num_layers = target_facts(full), target_facts(full).num_hidden_layers
         return target
 
     def use_fp8_linears(self, emulate: bool = False) -> list[str]:
@@ -164,7 +195,7 @@ class Target(nn.Module):
 
     # -- features --------------------------------------------------------------------------
     def validate_layer_ids(self, layer_ids: list[int]) -> None:
-        n = len(self.layers)
+        n = self.num_layers
         bad = [i for i in layer_ids if not 0 <= i < n]
         if bad:
             raise ValueError(f"target_layer_ids {bad} out of range: the target has {n} layers (0..{n - 1})")
@@ -201,6 +232,9 @@ class Target(nn.Module):
         ``(features, last_hidden_state [b, s, h])``: ``last_hidden_state @ W^T`` are the
         target's logits.
         """
+        if len(self.layers) < self.num_layers:
+            raise ValueError("this target was loaded without its decoder layers (training from a feature store): "
+                             "it has no features to compute")
         kwargs = {"attention_mask": attention_mask}
         if doc_ids is not None:
             kwargs = self.packed_inputs(doc_ids)

@@ -39,8 +39,11 @@ def _silent(*_args, **_kwargs) -> None:
 
 
 # -- the target --------------------------------------------------------------------------------------
-def load_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype) -> Target:
-    """The job's frozen target from ``target.path`` (its FP8 linears where ``target.fp8_linear`` asks)."""
+def load_target(cfg: TargetConfig, device: torch.device, dtype: torch.dtype, layers: bool = True) -> Target:
+    """The job's frozen target from ``target.path`` (its FP8 linears where ``target.fp8_linear`` asks).
+    ``layers=False`` (training from a feature store): its embedding, final norm and lm_head only."""
+    if not layers:
+        return Target.load_head(cfg.path, dtype, device, cfg.gguf_file)
     return Target.load(cfg.path, dtype, device, cfg.gguf_file, fp8_linear=cfg.fp8_linear)
 
 

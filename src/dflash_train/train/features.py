@@ -35,6 +35,15 @@ def replays_target_forward(cuda_graphs: bool, fsdp_target: bool, device: torch.d
     return cuda_graphs and device.type == "cuda" and not fsdp_target
 
 
+def target_features(target, layer_ids: list[int], final_hidden: bool, micro_batch, input_ids, attention_mask):
+    """The target's features of a micro-batch, packed or not (and its final hidden states with
+    ``final_hidden``): what online training reads, and what ``dflash-train features`` stores."""
+    if micro_batch.doc_ids is None:
+        return target.features(input_ids, attention_mask, layer_ids, final_hidden=final_hidden)
+    doc_ids = micro_batch.doc_ids.to(input_ids.device, non_blocking=True)
+    return target.features(input_ids, None, layer_ids, doc_ids, final_hidden=final_hidden)
+
+
 class LocalFeatures:
     """The local target's features. Packed micro-batches (one shape per run) replay its forward
     as a CUDA graph where the trainer says so (``trainer.graph_target_forward``, from
@@ -57,12 +66,9 @@ class LocalFeatures:
         return self.target.features(input_ids, None, self.layer_ids, doc_ids, final_hidden=self.final_hidden)
 
     def features(self, micro_batch, input_ids, attention_mask):
-        if micro_batch.doc_ids is None:
-            return self.target.features(input_ids, attention_mask, self.layer_ids, final_hidden=self.final_hidden)
-        doc_ids = micro_batch.doc_ids.to(input_ids.device, non_blocking=True)
-        if self.graphed is not None:
-            return self.graphed(input_ids, doc_ids)
-        return self._packed(input_ids, doc_ids)
+        if micro_batch.doc_ids is not None and self.graphed is not None:
+            return self.graphed(input_ids, micro_batch.doc_ids.to(input_ids.device, non_blocking=True))
+        return target_features(self.target, self.layer_ids, self.final_hidden, micro_batch, input_ids, attention_mask)
 
     def finish(self) -> None:
         pass
@@ -218,6 +224,11 @@ class SampleFeatureCache:
 
     def finish(self) -> None:
         self.source.finish()
+
+    summary_key = "feature_cache"
+
+    def report_line(self, report: dict) -> str:
+        return f"feature cache: {report['hits']} steps from the cache, {report['misses']} ran the target"
 
     def report(self) -> dict:
         """Steps served from the cache (no target forward), steps that ran the target, and the

@@ -87,6 +87,10 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     reason = unwritable(run_dir)
     if reason is not None:
         raise ValueError(f"train.run_dir {run_dir}: cannot write there ({reason})")
+    if cfg.train.feature_store:  # missing or unfinished: one line before the target loads
+        from dflash_train.features.reader import FeatureStore
+
+        FeatureStore(cfg.train.feature_store)
     check_run_folder(run_dir, cfg.train.resume)
     resume = resolve_resume(cfg.train.resume, run_dir, echo)
     if tokenize:  # the slowest check, last
@@ -179,8 +183,7 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
         summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
         if trainer.counters.bad_steps:
             summary["bad_steps"] = trainer.counters.bad_steps
-        if "feature_cache" in result:
-            summary["feature_cache"] = result["feature_cache"]
+        summary.update(result.get("sources", {}))  # the feature cache's or store's report
         if evaluator is not None and not result["stopped_early"] and not late:
             summary["tau_after"] = heldout_tau(trainer, evaluator)
         trainer.tracking.close()

@@ -101,8 +101,9 @@ class Trainer:
         self.run_dir = Path(cfg.train.run_dir)
         # target, drafter config, drafter and its wrapping, the step's spec: train/assembly.py, as the
         # benchmark and a disaggregated target rank build them
-        parts = assemble(cfg, target or load_target(cfg.target, self.device, self.dtype), self.device,
-                         data_parallel, self.echo)
+        # from a feature store (train.feature_store) only the target's embedding, final norm and lm_head load
+        target = target or load_target(cfg.target, self.device, self.dtype, layers=not cfg.train.feature_store)
+        parts = assemble(cfg, target, self.device, data_parallel, self.echo)
         self.target, self.drafter_cfg, self.drafter = parts.target, parts.drafter_cfg, parts.drafter
         self.model, self.compiled = parts.model, parts.compiled  # model: what a step calls (drafter or DDP)
         self._build_data()
@@ -128,7 +129,14 @@ class Trainer:
     # -- set-up ----------------------------------------------------------------------------
     def _feature_source(self, features):
         """The local target (or the given source factory), behind the per-conversation feature
-        cache when ``train.feature_cache`` is on."""
+        cache when ``train.feature_cache`` is on; or the feature store of ``train.feature_store``."""
+        if self.cfg.train.feature_store:
+            if features is not None:
+                raise ValueError("train.feature_store replaces the target's forward; the disaggregated topology "
+                                 "streams features from target ranks: use one or the other")
+            from dflash_train.features.reader import store_source
+
+            return store_source(self)
         source = (features or LocalFeatures)(self)
         where = self.cfg.train.feature_cache
         if where == "off":
@@ -162,7 +170,7 @@ class Trainer:
         """The host work of a micro-batch, done ahead by the prefetching thread: its anchors, the
         feature cache's indices, its conversation count (all kept in ``micro_batch.host``)."""
         self.step.anchors(micro_batch)
-        if isinstance(self.source, SampleFeatureCache):
+        if hasattr(self.source, "prefetch"):  # the feature cache's spilled rows, the feature store's rows
             self.source.prefetch(micro_batch)
         micro_batch.num_samples()
 
@@ -255,10 +263,9 @@ class Trainer:
         if bar is not None:
             bar.close()
         out = {"history": history, "steps": self.counters.step, "stopped_early": self.signalled}
-        if isinstance(self.source, SampleFeatureCache):
-            out["feature_cache"] = self.source.report()
-            self.echo(f"feature cache: {out['feature_cache']['hits']} steps from the cache, "
-                      f"{out['feature_cache']['misses']} ran the target")
+        if hasattr(self.source, "report"):  # the feature cache's or the feature store's (summary.json)
+            out["sources"] = {self.source.summary_key: self.source.report()}
+            self.echo(self.source.report_line(out["sources"][self.source.summary_key]))
         return out
 
     def _last_step(self) -> bool:
