@@ -329,6 +329,17 @@ def modeling_source(kind_name: str = "dflash") -> str:
     return drafter_source().rstrip("\n") + "\n" + kind_network_source(kind_name) + wrapper
 
 
+def vllm_serve_line(kind: str, target: str, drafter: str, block: int) -> str:
+    """The ``vllm serve`` line for a drafter of this kind, as run with the pinned vLLM (``dflash_train.vllm``:
+    the method per kind; B - 1 drafts), and on which of vLLM's runners it drafts."""
+    from dflash_train.vllm import CPU_SERVES, VLLM_VERSION, speculative_config
+
+    spec = json.dumps(speculative_config(kind, drafter, block))
+    where = ("vLLM's CPU build too: add --enforce-eager" if CPU_SERVES[kind] is None
+             else "vLLM's GPU (V2) runner only")
+    return f"vllm serve {target} --speculative-config '{spec}'   # vLLM {VLLM_VERSION}; {where}"
+
+
 def _readme(config: dict[str, Any]) -> str:
     ids = config["dflash_config"]["target_layer_ids"]
     block = config["block_size"]
@@ -343,8 +354,7 @@ def _readme(config: dict[str, Any]) -> str:
         f"- weights: {config['dtype']}\n\n"
         "The target's embedding and lm_head are not included.\n\n"
         "```bash\n"
-        f"vllm serve TARGET --speculative-config '{{\"method\": \"dflash\", \"model\": \"THIS_FOLDER\", "
-        f"\"num_speculative_tokens\": {block - 1}}}'\n"
+        f"{vllm_serve_line(kind_of(_Keys(config)).name, 'TARGET', 'THIS_FOLDER', block)}\n"
         "python -m sglang.launch_server --model-path TARGET --speculative-algorithm DFLASH \\\n"
         f"    --speculative-draft-model-path THIS_FOLDER --speculative-num-draft-tokens {block} --trust-remote-code\n"
         "```\n\n"
