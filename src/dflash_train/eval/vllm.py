@@ -16,8 +16,8 @@ accepts some of the B - 1 drafts and adds the target's own token. So vLLM's step
 tau by our rule (tokens committed per verify step, the prefill's token excluded, a step cut by the token
 budget or a stop token counting what it kept) is read from its per-step acceptance. vLLM's own figure,
 "mean acceptance length" (1 + accepted / drafts, from its counters), is our tau *as verified*: every
-accepted draft counts, also those past the budget. vLLM shortens the drafts of the steps that reach
-``max_tokens``; our decoder drafts full blocks and keeps what fits.
+accepted draft counts, also those past the budget (vLLM 0.32 drafts full blocks up to the end, as our
+decoder does, and both keep what fits).
 
 **Aligned steps.** Before our last step, and before any vLLM step that drafted fewer than B - 1 tokens
 (the budget near), the accepted drafts of vLLM's step ``i`` and ours must be equal; past that, vLLM's

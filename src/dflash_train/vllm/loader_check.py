@@ -26,7 +26,10 @@ from dflash_train.vllm import MODEL_FILES, VLLM_VERSION, VllmError, speculative_
 
 # vLLM's fused parameters: their shards in our file, stacked along dim 0 in this order
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-SHARED_WITH_TARGET = ("embed_tokens", "lm_head")  # vLLM shares the target's; our file never has them
+# not ours to feed: the target's embedding and lm_head (vLLM shares them), and vLLM's placeholder for a
+# separate mask embedding (unused while ``has_separate_mask_embedding`` is false: it embeds the mask
+# token through the target's embedding, as we do)
+NOT_OURS = ("embed_tokens", "lm_head", "mask_embedding")
 
 
 def our_name(vllm_name: str) -> str:
@@ -37,14 +40,14 @@ def our_name(vllm_name: str) -> str:
 def match_tensors(ours: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]) -> dict:
     """Pair vLLM's loaded parameters with our tensors (fused ones by their shards) and compare them
     exactly. Returns the names fed and equal, the differing, ours that landed nowhere, and vLLM's
-    parameters that nothing fed (shared embedding / lm_head aside)."""
+    parameters that nothing fed (:data:`NOT_OURS` aside)."""
     used, equal, differ, unfed = set(), [], [], []
     for name, param in loaded.items():
         base = our_name(name)
         fused = next(((k, v) for k, v in FUSED.items() if f".{k}." in f".{base}"), None)
         sources = [base.replace(fused[0], s) for s in fused[1]] if fused else [base]
         if not all(s in ours for s in sources):
-            if not any(part in base for part in SHARED_WITH_TARGET):
+            if not any(part in base for part in NOT_OURS):
                 unfed.append(name)
             continue
         used.update(sources)
@@ -55,19 +58,22 @@ def match_tensors(ours: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor]
             "unfed": sorted(unfed)}
 
 
-def expected_fields(config: dict, kind: str) -> dict:
-    """What vLLM must read from our ``config.json``: the values we meant (field -> value)."""
+def expected_fields(config: dict, kind: str, tensor_names=()) -> dict:
+    """What vLLM must read from our ``config.json``: the values we meant (field -> value); a confidence
+    head is meant where our file holds one (``tensor_names``)."""
     dflash = config["dflash_config"]
     out = {"aux_layer_ids": [i + 1 for i in dflash["target_layer_ids"]], "mask_token_id": dflash["mask_token_id"],
            "num_speculative_tokens": config["block_size"] - 1, "num_layers": config["num_hidden_layers"],
-           "use_aux_hidden_state": True, "is_causal_layers": [False] * config["num_hidden_layers"]}
+           "use_aux_hidden_state": True, "causal_layers": [False] * config["num_hidden_layers"],
+           "has_separate_mask_embedding": False}
     if kind == "dflash2":
         out["selector_top_k"] = dflash["selector_top_k"]
         out["dflash_config"] = dflash
     if kind == "dspark":
         out.update(markov_rank=config["markov_rank"], markov_head_type="vanilla", sample_from_anchor=False,
-                   has_confidence_head=bool(config.get("enable_confidence_head")),
-                   confidence_head_with_markov=True if config.get("enable_confidence_head") else None)
+                   has_confidence_head=any(n.startswith("confidence_head.") for n in tensor_names))
+        if out["has_confidence_head"]:
+            out["confidence_head_with_markov"] = True  # ours reads [h ; W1[prev]]
     return out
 
 
@@ -75,7 +81,7 @@ def _run_probe(python: Path, request: dict, workdir: Path) -> dict:
     request_path, out_path = workdir / "request.json", workdir / "probe.json"
     request_path.write_text(json.dumps(request))
     script = Path(__file__).with_name("loader_probe.py")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "1", "PYTHONPATH": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     done = subprocess.run([str(python), str(script), str(request_path), str(out_path)], capture_output=True,
                           text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
     if done.returncode != 0 or not out_path.is_file():
@@ -100,8 +106,9 @@ def check_folder(drafter: str | os.PathLike, target: str | os.PathLike, python: 
                    "speculative_config": speculative_config(kind, str(drafter), int(config["block_size"]))}
         probe = _run_probe(python or find_python(), request, Path(tmp))
         loaded = load_file(request["params_out"])
-    tensors = match_tensors(load_file(str(Path(drafter) / WEIGHTS_FILE)), loaded)
-    wanted = expected_fields(config, kind)
+    ours = load_file(str(Path(drafter) / WEIGHTS_FILE))
+    tensors = match_tensors(ours, loaded)
+    wanted = expected_fields(config, kind, list(ours))
     fields = {k: {"ours": v, "vllm": probe["fields"].get(k)} for k, v in wanted.items()}
     wrong = [k for k, f in fields.items() if f["ours"] != f["vllm"]]
     ok = not (tensors["differ"] or tensors["landed_nowhere"] or tensors["unfed"] or wrong)

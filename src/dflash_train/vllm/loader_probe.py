@@ -44,7 +44,8 @@ def _fields(model, vllm_config) -> dict:
         "use_aux_hidden_state": getattr(inner, "use_aux_hidden_state", None),
         "num_layers": len(inner.layers),
         "dflash_config": dflash,
-        "is_causal_layers": [bool(getattr(layer.self_attn, "is_causal", False)) for layer in inner.layers],
+        "causal_layers": list(model.get_draft_attn_causal()),
+        "has_separate_mask_embedding": getattr(inner, "has_separate_mask_embedding", None),
     }
     for name in ("markov_rank", "markov_head_type", "sample_from_anchor", "enable_confidence_head",
                  "confidence_head_with_markov", "draft_vocab_size", "block_size"):
@@ -58,19 +59,22 @@ def _fields(model, vllm_config) -> dict:
 def probe(request: dict) -> dict:
     import torch
     from safetensors.torch import load_file
-    from vllm.config import set_current_vllm_config
+    from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models.registry import ModelRegistry
 
+    # No runner is built here: vLLM's check that its CPU (V1) runner can draft this kind would refuse
+    # DFlash2 and DSpark before their class loads, so it is skipped (eval --engine vllm keeps it).
+    VllmConfig._validate_v1_model_runner = lambda self: None
     args = EngineArgs(model=request["target"], dtype="float32", enforce_eager=True, max_model_len=256,
                       speculative_config=request["speculative_config"])
     vllm_config = args.create_engine_config()
     draft = vllm_config.speculative_config.draft_model_config
     cls, arch = ModelRegistry.resolve_model_cls(draft.architectures, draft)
-    _init_single_process()
-    with set_current_vllm_config(vllm_config), torch.device("cpu"):
-        model = cls(vllm_config=vllm_config, prefix="")
     with set_current_vllm_config(vllm_config):
+        _init_single_process()
+        with torch.device("cpu"):
+            model = cls(vllm_config=vllm_config, prefix="")
         model.load_weights(load_file(os.path.join(request["drafter"], "model.safetensors")).items())
     from safetensors.torch import save_file
 
