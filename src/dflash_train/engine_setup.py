@@ -9,6 +9,7 @@ marker file last (a setup without the marker is redone).
 from __future__ import annotations
 
 import fcntl
+import json
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -42,3 +43,12 @@ def run_logged(cmd: list[str], log: Path, what: str, error: type[Exception], who
     if done.returncode != 0:
         tail = log.read_text(errors="replace").splitlines()[-15:]
         raise error(f"{who}: {what} failed (exit {done.returncode}); log {log}:\n" + "\n".join(tail))
+
+
+def done_before(stamp: Path, force: bool) -> dict | None:
+    """The marker's record when an earlier setup completed (and ``force`` is off); else None, with the
+    marker removed, so a setup stopped half-way is never taken for a finished one."""
+    if stamp.is_file() and not force:
+        return json.loads(stamp.read_text())
+    stamp.unlink(missing_ok=True)
+    return None

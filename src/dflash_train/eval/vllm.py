@@ -33,7 +33,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dflash_train.eval.llamacpp import NEAR_TIE_LOGITS, EngineStep, align, kept_steps
+from dflash_train.eval.llamacpp import (
+    NEAR_TIE_LOGITS,
+    EngineStep,
+    align,
+    kept_steps,
+    steps_before,
+    verdict_lines,
+)
 from dflash_train.vllm import VLLM_VERSION, VllmError, check_cpu_kind, speculative_config
 
 
@@ -138,16 +145,10 @@ def evaluate_prompt(plain: dict | None, spec: dict, reference: dict, n_draft: in
                       engine_plain_equals_ours=plain["tokens"] == reference["plain"])
         partings.append(parting(target, ids, reference["plain"], plain["tokens"], "vLLM plain"))
     record["partings"] = [p for p in partings if p is not None]
-    limit = None if spec_parting is None else _steps_before(reference["accepted"], spec_parting["token"])
+    limit = None if spec_parting is None else steps_before(reference["accepted"], spec_parting["token"])
     engine_steps = [EngineStep(0, n_draft, -1)] + [EngineStep(a, d, -1) for a, d in zip(accepted, drafted)]
     record["alignment"] = align(engine_steps, reference["accepted"], n_draft, reference["stop_kept"], limit)
     return record
-
-
-def _steps_before(ours: list[int], token: int) -> int:
-    from dflash_train.eval.llamacpp import steps_before
-
-    return steps_before(ours, token)
 
 
 def _pooled(records: list[dict], key: str) -> float:
@@ -226,14 +227,12 @@ def format_table(report: dict) -> str:
               f"vLLM tok/s: speculative {s['engine_spec_tokens_per_s']:.1f}" +
               (f", plain {s['engine_plain_tokens_per_s']:.1f}, speedup {s['speedup']:.2f}x"
                if "engine_plain_tokens_per_s" in s else "")]
-    for key, name in (("engine_lossless", "vLLM speculative = vLLM plain"),
-                      ("engine_plain_equals_ours", "vLLM plain = our plain"),
-                      ("engine_equals_ours", "vLLM speculative = our speculative"),
-                      ("aligned_equal", "per-step acceptance equal between the ends"),
-                      ("aligned_ends_consistent", "at the end, vLLM's shortened drafts accept min(ours, drafted)"),
-                      ("counters_equal_request_metrics", "vLLM's counters = its per-request steps")):
-        if key in s:
-            lines.append(f"{name}: {'yes' if s[key] else 'NO'}")
+    lines += verdict_lines(s, (("engine_lossless", "vLLM speculative = vLLM plain"),
+                               ("engine_plain_equals_ours", "vLLM plain = our plain"),
+                               ("engine_equals_ours", "vLLM speculative = our speculative"),
+                               ("aligned_equal", "per-step acceptance equal between the ends"),
+                               ("aligned_ends_consistent", "at the end, vLLM's steps accept min(ours, drafted)"),
+                               ("counters_equal_request_metrics", "vLLM's counters = its per-request steps")))
     for p in s["partings"]:
         gap = "-" if p["gap"] is None else f"{p['gap']:.4f} logits"
         lines.append(f"  prompt {p['prompt']}: {p['decode']} parts from our plain greedy at token {p['token']}: gap "

@@ -31,7 +31,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from dflash_train.engine_setup import locked, run_logged
+from dflash_train.engine_setup import done_before, locked, run_logged
 from dflash_train.llamacpp import LLAMA_CPP_PACKAGE, LLAMA_CPP_VERSION, LlamaCppError
 
 TARGETS = ("llama-speculative-simple", "llama-completion", "llama-server")
@@ -107,12 +107,11 @@ def build(jobs: int | None = None, force: bool = False, sdist: str | None = None
     root = cache_dir()
     stamp = root / "BUILT"
     with _locked(root / "lock"):
-        if stamp.is_file() and not force:
-            record = json.loads(stamp.read_text())
+        record = done_before(stamp, force)
+        if record is not None:
             echo(f"llama-cpp: build {LLAMA_CPP_VERSION} already in {root / 'build' / 'bin'} "
                  f"(built in {record.get('seconds', 0) / 60:.1f} min)")
             return record
-        stamp.unlink(missing_ok=True)
         started = time.perf_counter()
         src = fetch_source(sdist=sdist)
         jobs = jobs or os.cpu_count() or 2

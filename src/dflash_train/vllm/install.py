@@ -16,7 +16,6 @@ The registry is needed by the install only; vLLM then runs offline (``HF_HUB_OFF
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_train.engine_setup import locked, run_logged
+from dflash_train.engine_setup import done_before, locked, run_logged
 from dflash_train.vllm import UNINSTALL_AFTER, VLLM_PACKAGE, VLLM_VERSION, VllmError
 
 CACHE_ENV = "DFLASH_VLLM_CACHE"  # root of the cache (default ~/.cache/dflash_train/vllm)
@@ -67,12 +66,11 @@ def install(force: bool = False, echo=print) -> dict:
     root = cache_dir()
     stamp = root / "INSTALLED"
     with locked(root / "lock", "vllm"):
-        if stamp.is_file() and not force:
-            record = json.loads(stamp.read_text())
+        record = done_before(stamp, force)
+        if record is not None:
             echo(f"vllm: {VLLM_PACKAGE}=={VLLM_VERSION} already in {root / 'venv'} "
                  f"(installed in {record.get('seconds', 0) / 60:.1f} min)")
             return record
-        stamp.unlink(missing_ok=True)
         started = time.perf_counter()
         venv, log = root / "venv", root / "install.log"
         log.write_text("")
@@ -133,9 +131,3 @@ def register(subparsers) -> None:
     c.add_argument("--target", required=True, help="the target's Hugging Face folder")
     c.set_defaults(func=_cmd_check_loaders)
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dflash-train")
-    register(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.func(args)
