@@ -27,8 +27,9 @@ KINDS = {"dflash": [], "dflash2": ["drafter.kind=dflash2", "objective.weighting=
          "dspark": ["drafter.kind=dspark", "drafter.options.markov_rank=64"]}
 
 
-def random_serving_folder(kind: str, smollm2_path: Path, out: Path) -> Path:
-    """A random drafter of ``kind`` for SmolLM2 (2 layers, B = 8, target layers 1, 7, 13), exported in float32."""
+def random_serving_folder(kind: str, smollm2_path: Path, out: Path, **config) -> Path:
+    """A random drafter of ``kind`` for SmolLM2 (2 layers, B = 8, target layers 1, 7, 13; ``config``: more
+    ``DrafterConfig`` fields), exported in float32."""
     from transformers import AutoConfig
 
     from dflash_train.export.serving import export_drafter
@@ -38,7 +39,7 @@ def random_serving_folder(kind: str, smollm2_path: Path, out: Path) -> Path:
 
     options = {"markov_rank": 32} if kind == "dspark" else {}
     cfg = resolve_drafter_config(DrafterConfig(num_hidden_layers=2, block_size=8, target_layer_ids=[1, 7, 13],
-                                               kind=kind, options=options),
+                                               kind=kind, options=options, **config),
                                  target_facts(AutoConfig.from_pretrained(smollm2_path)), 3)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg)

@@ -104,6 +104,9 @@ def test_expected_fields_follow_the_export():
     fields = expected_fields(config, "dspark", ["confidence_head.proj.weight"])
     assert fields["aux_layer_ids"] == [2, 8] and fields["num_speculative_tokens"] == 7
     assert fields["has_confidence_head"] is True and fields["sample_from_anchor"] is False
+    assert fields["causal_layers"] == [False, False]  # full attention: the whole block
+    config["layer_types"] = ["sliding_attention", "full_attention"]
+    assert expected_fields(config, "dflash")["causal_layers"] == [True, False]  # causal inside the block
 
 
 def test_methods_and_what_runs_on_a_cpu():
@@ -113,6 +116,9 @@ def test_methods_and_what_runs_on_a_cpu():
     check_cpu_kind("dflash", "x")
     with pytest.raises(VllmError, match="V2 model runner, which needs Triton"):
         check_cpu_kind("dspark", "x")
+    check_cpu_kind("dflash", "x", ["sliding_attention", "sliding_attention"])
+    with pytest.raises(VllmError, match="mixes sliding-window and full-attention layers"):
+        check_cpu_kind("dflash", "x", ["sliding_attention", "full_attention"])
 
 
 @pytest.mark.parametrize("kind", ["dflash2", "dspark"])

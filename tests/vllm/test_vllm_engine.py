@@ -60,6 +60,18 @@ def test_every_kind_loads_in_vllms_own_class(vllm_python, smollm2_path, tmp_path
         assert report["fields"]["has_confidence_head"]["vllm"] is True and report["fields"]["markov_rank"]["vllm"] == 32
 
 
+def test_a_sliding_window_layer_is_causal_in_vllm_as_in_ours(vllm_python, smollm2_path, tmp_path):
+    """docs/spec.md: a sliding-window drafter layer is causal inside the block; vLLM reads it so from
+    ``layer_types`` (``qwen3_dflash.py``, ``_dflash_layer_causal``)."""
+    from dflash_train.vllm.loader_check import check_folder
+
+    folder = random_serving_folder("dflash", smollm2_path, tmp_path / "drafter", sliding_window=64,
+                                   layer_types=["sliding_attention", "full_attention"])
+    report = check_folder(folder, smollm2_path, vllm_python)
+    assert report["ok"], report
+    assert report["fields"]["causal_layers"]["vllm"] == [True, False]
+
+
 def test_a_dspark_export_without_vllms_keys_loses_its_confidence_head(vllm_python, smollm2_path, tmp_path):
     """The exports before vLLM's keys were written (``has_confidence_head`` alone): vLLM builds no head
     and drops its weights. The check sees it."""

@@ -242,13 +242,13 @@ def format_table(report: dict) -> str:
 
 # -- the command ---------------------------------------------------------------------------------
 
-def drafter_kind(drafter: str | os.PathLike) -> tuple[str, int]:
-    """(kind, block size) of an exported drafter, from its ``config.json`` alone (nothing loads)."""
+def drafter_kind(drafter: str | os.PathLike) -> tuple[str, int, list[str]]:
+    """(kind, block size, layer types) of an exported drafter, from its ``config.json`` alone (nothing loads)."""
     from dflash_train.export.serving import CONFIG_FILE, _Keys, _read_json
     from dflash_train.models.drafter import kind_of
 
     config = _read_json(Path(drafter) / CONFIG_FILE)
-    return kind_of(_Keys(config)).name, int(config["block_size"])
+    return kind_of(_Keys(config)).name, int(config["block_size"]), list(config.get("layer_types") or [])
 
 
 def run_cli(args) -> int:
@@ -260,8 +260,8 @@ def run_cli(args) -> int:
     from dflash_train.eval.loader import load_eval_inputs
     from dflash_train.vllm.install import find_python
 
-    kind, block = drafter_kind(args.drafter)
-    check_cpu_kind(kind, str(args.drafter))
+    kind, block, layer_types = drafter_kind(args.drafter)
+    check_cpu_kind(kind, str(args.drafter), layer_types)
     python = find_python()
     if args.block_size and args.block_size != block:
         raise ValueError(f"--engine vllm: vLLM drafts the drafter's block ({block}); --block-size {args.block_size} "

