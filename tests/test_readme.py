@@ -23,14 +23,15 @@ from dflash_train.run_folder import CHECKSUMS, file_checksums
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-MAX_LINES = 490  # 410 before issue 48's tracking lines, issue 50's llama.cpp serving block, issue 51's kinds (issue 58: "Train from a feature store", 490)
+MAX_LINES = 515  # 410 before issue 48's tracking lines, issue 50's llama.cpp serving block, issue 51's kinds,
+# issue 58's "Train from a feature store", issue 61's vLLM serving block
 
 # The user-facing subcommands (issue 36: every tool a user runs is one). Those not yet registered on
 # this branch are being added by another branch; once merged, PENDING_REGISTRATION should be emptied.
 EXPECTED_SUBCOMMANDS = {
     "train", "demo", "data", "regenerate", "export", "eval", "bench", "plan", "config", "compare",
     "replay", "scaling", "curve", "bench-decode", "bench-generate", "bench-fp8-features", "prompts", "offline-data",
-    "tiny-model", "llama-cpp", "features",
+    "tiny-model", "llama-cpp", "features", "vllm",
 }
 PENDING_REGISTRATION: set[str] = set()
 

@@ -35,6 +35,7 @@ COMMANDS = [
     "dflash_train.config_cli",
     "dflash_train.assets",
     "dflash_train.llamacpp.build",
+    "dflash_train.vllm.install",
 ]
 
 DESCRIPTION = """\
@@ -52,7 +53,7 @@ GROUPS = [
     ("2. train", ["config", "features", "train", "demo", "tiny-model", "plan"], None),
     ("3. export", ["export"], None),
     ("4. evaluate", ["eval", "replay"], None),
-    ("5. serve", ["llama-cpp"], "the exported folder's README.md gives the vLLM and SGLang command lines, "
+    ("5. serve", ["llama-cpp", "vllm"], "the exported folder's README.md gives the vLLM and SGLang command lines, "
                                 "with its block size filled in"),
     ("benchmarks", ["bench", "bench-decode", "bench-generate", "bench-fp8-features"], None),
     ("analysis", ["curve", "compare", "scaling"], None),

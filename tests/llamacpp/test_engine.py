@@ -18,25 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from served import KINDS, NEW_TOKENS, prompts_file, random_serving_folder, train_memorized, write_answers
 
 from dflash_train.cli import main
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
-
-PROMPTS = [  # the first three held-out prompts; the drafters learn the target's answers to them
-    "What are three good habits for staying productive while working from home?",
-    "Explain how a refrigerator keeps food cold.",
-    "Write a short poem about autumn leaves.",
-]
-ANSWER_TOKENS, NEW_TOKENS = 48, 40
-# A 1-layer, B = 8 drafter (the cpu-demo recipe) trained to memorize the answers; the features are
-# computed once (1 step per epoch) and cached, so the steps after the first skip the target.
-# The drafters memorize answers to held-out prompts on purpose: the loader's decontamination is off here.
-TRAIN = ["train.num_anchors=8", "data.max_length=128", "train.feature_cache=device", "eval.prompts=null",
-         "train.log_every=50", "train.max_steps=100", "data.exclude_eval_prompts=false"]
-KINDS = {"dflash": [], "dflash2": ["drafter.kind=dflash2", "objective.weighting=dpace"],
-         "dspark": ["drafter.kind=dspark", "drafter.options.markov_rank=64"]}
 
 
 def _require_build():
@@ -62,26 +48,6 @@ def target_gguf(build, smollm2_path, tmp_path_factory):
     return convert_with_llamacpp(smollm2_path, tmp_path_factory.mktemp("target") / "target-f32.gguf")
 
 
-def _random_serving_folder(kind: str, smollm2_path: Path, out: Path) -> Path:
-    from transformers import AutoConfig
-
-    from dflash_train.export.serving import export_drafter
-    from dflash_train.models.config import DrafterConfig, resolve_drafter_config
-    from dflash_train.models.drafter import DFlashDrafter
-    from dflash_train.models.target import target_facts
-
-    options = {"markov_rank": 32} if kind == "dspark" else {}
-    cfg = resolve_drafter_config(DrafterConfig(num_hidden_layers=2, block_size=8, target_layer_ids=[1, 7, 13],
-                                               kind=kind, options=options),
-                                 target_facts(AutoConfig.from_pretrained(smollm2_path)), 3)
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(cfg)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.normal_(0, 0.05)  # every tensor distinct (norms included), so a swapped name shows
-    return export_drafter(drafter, cfg, out, dtype=torch.float32)
-
-
 def _gguf_contents(path: Path) -> tuple[dict, dict]:
     import gguf
 
@@ -102,7 +68,7 @@ def test_gguf_writer_matches_llamacpps_converter(build, target_gguf, smollm2_pat
     from dflash_train.export.gguf import EXPLICIT_KEYS, NAMING_KEYS, write_drafter_gguf
     from dflash_train.llamacpp.build import convert_with_llamacpp
 
-    folder = _random_serving_folder(kind, smollm2_path, tmp_path / "drafter")
+    folder = random_serving_folder(kind, smollm2_path, tmp_path / "drafter")
     ours = write_drafter_gguf(folder, target_gguf, tmp_path / "ours.gguf", dtype)
     outtype = {"float32": "f32", "bfloat16": "bf16"}[dtype]
     theirs = convert_with_llamacpp(folder, tmp_path / "theirs.gguf", outtype, target_model_dir=smollm2_path)
@@ -131,29 +97,14 @@ def test_supported_architectures_are_the_pinned_sources(build):
 @pytest.fixture(scope="module")
 def answers(build, smollm2_path, tmp_path_factory) -> Path:
     """SmolLM2's own greedy answers to the prompts, as a chat file to train on."""
-    from dflash_train.decoding.speculative import target_generate
-    from dflash_train.eval.prompts import encode_prompts
-    from dflash_train.models.target import Target
-
-    target = Target.load(str(smollm2_path), dtype=torch.float32, device="cpu")
-    path = tmp_path_factory.mktemp("data") / "answers.jsonl"
-    with open(path, "w") as fh:
-        for prompt, ids in zip(PROMPTS, encode_prompts(target.tokenizer, [[{"role": "user", "content": p}]
-                                                                          for p in PROMPTS])):
-            tokens = target_generate(target, torch.tensor([ids]), ANSWER_TOKENS).tokens
-            answer = target.tokenizer.decode(tokens, skip_special_tokens=True)
-            fh.write(json.dumps({"messages": [{"role": "user", "content": prompt},
-                                              {"role": "assistant", "content": answer}]}) + "\n")
-    return path
+    return write_answers(smollm2_path, tmp_path_factory.mktemp("data") / "answers.jsonl")
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_llamacpp_drafts_what_we_draft(kind, build, answers, target_gguf, smollm2_path, tmp_path):
     run, drafter, out = tmp_path / "run", tmp_path / "drafter", tmp_path / "eval"
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n")
-    assert main(["train", "cpu-demo", f"target.path={smollm2_path}", f"data.paths=[{answers}]",
-                 f"train.run_dir={run}", *TRAIN, *KINDS[kind]]) == 0
+    prompts = prompts_file(tmp_path / "prompts.txt")
+    train_memorized(kind, smollm2_path, answers, run)
     assert main(["export", str(run), str(drafter), "--dtype", "float32", "--gguf", str(target_gguf)]) == 0
     assert (drafter / "drafter.gguf").is_file()
     code = main(["eval", "--engine", "llama.cpp", "--target", str(smollm2_path), "--drafter", str(drafter),

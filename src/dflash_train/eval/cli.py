@@ -34,12 +34,13 @@ def register(subparsers) -> None:
     p.add_argument("--no-lossless-check", action="store_true", help="skip the greedy token-for-token check")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip plain target decoding (no speedup, no lossless check)")
-    p.add_argument("--engine", choices=("auto", "hf", "static", "llama.cpp"), default="auto",
+    p.add_argument("--engine", choices=("auto", "hf", "static", "llama.cpp", "vllm"), default="auto",
                    help="hf: reference loops over the Hugging Face cache (any temperature); static: "
                         "preallocated caches + CUDA graphs (greedy only; same tokens and tau, ~6-9x faster "
                         "on an H200 for SmolLM2); auto (default): static when greedy, else hf; llama.cpp: "
                         "decode with llama.cpp (greedy, CPU) beside our reference loop, per-step acceptance "
-                        "aligned (see --llama-cpp)")
+                        "aligned (see --llama-cpp); vllm: decode with the pinned vLLM (greedy, CPU, its own environment: "
+                        "`dflash-train vllm install`) beside our reference loop, per-step acceptance aligned")
     p.add_argument("--llama-cpp", default=None, metavar="BUILD_DIR",
                    help="--engine llama.cpp: the llama.cpp build folder (default: $DFLASH_LLAMA_CPP, else the "
                         "cached build of `dflash-train llama-cpp build`)")
@@ -90,8 +91,8 @@ def _compile_steps(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engine == "llama.cpp":
-        return _run_llamacpp(args)
+    if args.engine in ("llama.cpp", "vllm"):
+        return _run_engine(args)
     import torch
 
     from dflash_train.devices import resolve_device
@@ -125,12 +126,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_llamacpp(args: argparse.Namespace) -> int:
-    """``--engine llama.cpp`` decodes greedily in float32 (an f32 target GGUF): refuse what it cannot do."""
-    from dflash_train.eval.llamacpp import run_cli
-
+def _run_engine(args: argparse.Namespace) -> int:
+    """``--engine llama.cpp`` / ``vllm`` decode greedily in float32 on the CPU beside our reference: refuse
+    what they cannot do."""
     if args.temperature > 0:
-        raise ValueError("--engine llama.cpp: greedy only (--temperature 0)")
+        raise ValueError(f"--engine {args.engine}: greedy only (--temperature 0)")
     if args.dtype not in ("auto", "float32") or (args.device or "cpu") != "cpu":
-        raise ValueError("--engine llama.cpp: the reference decodes in float32 on the CPU (--dtype float32)")
+        raise ValueError(f"--engine {args.engine}: the reference decodes in float32 on the CPU (--dtype float32)")
+    if args.engine == "vllm":
+        from dflash_train.eval.vllm import run_cli
+    else:
+        from dflash_train.eval.llamacpp import run_cli
     return run_cli(args)

@@ -389,6 +389,11 @@ def failed_checks(summary: dict) -> list[str]:
     return [k for k in checks if summary.get(k) is False]
 
 
+def verdict_lines(summary: dict, names) -> list[str]:
+    """``name: yes/NO`` for each ``(key, name)`` the summary holds (an engine report's verdicts)."""
+    return [f"{name}: {'yes' if summary[key] else 'NO'}" for key, name in names if key in summary]
+
+
 def format_table(report: dict) -> str:
     """Per prompt: tau both ways, the engine's own figure, the aligned steps; then the totals."""
     s = report["summary"]
@@ -409,13 +414,11 @@ def format_table(report: dict) -> str:
     lines.append(f"llama.cpp tok/s: speculative {s['engine_spec_tokens_per_s']:.1f}" +
                  (f", plain {s['engine_plain_tokens_per_s']:.1f}, speedup {s['speedup']:.2f}x"
                   if "engine_plain_tokens_per_s" in s else ""))
-    for key, name in (("engine_lossless", "llama.cpp speculative = llama.cpp plain"),
-                      ("engine_plain_equals_ours", "llama.cpp plain = our plain"),
-                      ("aligned_equal", "per-step acceptance equal between the ends"),
-                      ("aligned_ends_consistent", "at the end, llama.cpp's shortened drafts accept min(ours, drafted), "
-                                                 "at a stop token what ours kept")):
-        if key in s:
-            lines.append(f"{name}: {'yes' if s[key] else 'NO'}")
+    lines += verdict_lines(s, (("engine_lossless", "llama.cpp speculative = llama.cpp plain"),
+                               ("engine_plain_equals_ours", "llama.cpp plain = our plain"),
+                               ("aligned_equal", "per-step acceptance equal between the ends"),
+                               ("aligned_ends_consistent", "at the end, llama.cpp's shortened drafts accept "
+                                                          "min(ours, drafted), at a stop token what ours kept")))
     for p in s.get("partings", []):
         gap = "none of our top 8 tokens" if p["gap"] is None else f"{p['gap']:.4f} logits"
         lines.append(f"  prompt {p['prompt']}: {p['decode']} parts from our plain greedy at token {p['token']} "

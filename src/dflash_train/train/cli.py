@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -111,13 +110,17 @@ def demo_summary(cfg, result: dict, seconds: float) -> str:
         lines.append(f"  held-out tau:        {result['tau_before']:.2f} before -> {result['tau_after']:.2f} after "
                      f"training (real speculative decoding on {cfg.eval.num_prompts} unseen prompts; "
                      "tokens per target forward, 1.0 = no gain)")
-    spec = json.dumps({"method": "dflash", "model": export_dir, "num_speculative_tokens": block - 1})
+    from dflash_train.export.serving import vllm_cpu_line, vllm_serve_line
+
+    cpu_line = vllm_cpu_line(cfg.drafter.kind, target, export_dir, block)
     lines += [
         "next:",
         f"  export:   dflash-train export {run_dir} {export_dir}",
         f"  evaluate: dflash-train eval --target {target} --drafter {export_dir} --prompts heldout --limit 8 "
         "--max-new-tokens 64",
-        f"  serve:    vllm serve {target} --speculative-config '{spec}'",
+        f"  serve:    {cpu_line or vllm_serve_line(cfg.drafter.kind, target, export_dir, block)}",
+        *([f"            (`dflash-train vllm install` first; on a GPU: "
+           f"{vllm_serve_line(cfg.drafter.kind, target, export_dir, block).split('   #')[0]})"] if cpu_line else []),
         f"            (SGLang and transformers: the commands in {export_dir}/README.md after export)",
     ]
     return "\n".join(lines)

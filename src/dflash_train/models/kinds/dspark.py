@@ -117,21 +117,28 @@ class DSparkKind(DrafterKind):
     def serving_fields(self, config):
         """What engines read: the rank and head type at the top level (vLLM, SGLang, llama.cpp's
         converter), the 1 + N block layout (``sample_from_anchor: false``), and the same in
-        ``dspark_config``."""
+        ``dspark_config``. The confidence head under both spellings: ``has_confidence_head``
+        (llama.cpp's converter, ours) and ``enable_confidence_head`` with
+        ``confidence_head_with_markov: true`` (vLLM 0.32's ``qwen3_dspark.py``, which builds the head
+        only when it reads them, and drops its weights otherwise; ours reads ``[h ; W1[prev]]``)."""
         rank = int(self.option(config, "markov_rank"))
+        confidence = bool(self.option(config, "confidence_head"))
         fields = {"markov_rank": rank, "markov_head_type": "vanilla", "sample_from_anchor": False,
-                  "has_confidence_head": bool(self.option(config, "confidence_head"))}
+                  "has_confidence_head": confidence, "enable_confidence_head": confidence}
+        if confidence:
+            fields["confidence_head_with_markov"] = True
         return {**fields, "dspark_config": {"markov_rank": rank, "markov_head_type": "vanilla",
                                             "sample_from_anchor": False}}
 
     def options_from_serving(self, config):
         """``markov_rank`` (top level, ``dspark_config`` or ``dflash_config``), and the confidence head
-        from ``has_confidence_head`` (exports without it ship one unless they say otherwise)."""
+        from ``has_confidence_head`` or vLLM's ``enable_confidence_head`` (exports with neither ship one)."""
         nested = {**(config.get("dflash_config") or {}), **(config.get("dspark_config") or {})}
         rank = config.get("markov_rank", nested.get("markov_rank"))
         if rank is None:
             raise ValueError(f"missing required field 'markov_rank' of a {self.architecture}")
-        return {"markov_rank": int(rank), "confidence_head": bool(config.get("has_confidence_head", True))}
+        confidence = config.get("has_confidence_head", config.get("enable_confidence_head", True))
+        return {"markov_rank": int(rank), "confidence_head": bool(confidence)}
 
     def check_options(self, options, config):
         super().check_options(options, config)
