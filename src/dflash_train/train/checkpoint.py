@@ -59,6 +59,7 @@ from dflash_train.run_folder import (
     CONFIG,
     DRAFTER_CONFIG,
     DRAFTER_WEIGHTS,
+    SET_ASIDE,
     SUMMARY,
     checkpoint_dir,
     checkpoint_step,
@@ -297,7 +298,7 @@ class CheckpointManager:
         an older checkpoint): kept aside under a new name."""
         ours = final.name in self.written or checkpoint_step(final) <= self.resumed_step
         if final.exists() and ours:
-            old = final.with_name(final.name + ".old")
+            old = final.with_name(final.name + SET_ASIDE)  # a kill from here on: run_folder.restore_set_aside
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
             reached("checkpoint-replace")  # the old step N aside, the new one not yet in place
