@@ -50,7 +50,7 @@ class Kill:
     delay in seconds; ``fell`` and ``step`` say where it landed (the last write passed, the
     last step logged); ``landed`` False: the child finished first."""
 
-    aim: str | float
+    aim: str | float  # "<point>:<n>", "<point>:@<step>" or seconds after the data is loaded
     fell: str = ""
     step: int = 0
     landed: bool = False
@@ -104,9 +104,22 @@ class Soak:
             raise RuntimeError(f"{name} failed (exit {proc.returncode}): {tail(log)}")
         return time.monotonic() - started
 
+    def resolve(self, aim: str | float, run_dir: Path) -> str | float:
+        """``point:@S`` (a kill near step S) as the visit of ``point`` that this run, resuming from
+        its newest checkpoint, makes at step S (the first one when it is past S already)."""
+        from dflash_train.run_folder import checkpoint_step, latest_checkpoint
+
+        point, _, visit = aim.rpartition(":") if isinstance(aim, str) else ("", "", "")
+        if not visit.startswith("@"):
+            return aim
+        newest = latest_checkpoint(run_dir)
+        done = checkpoint_step(newest) if newest is not None else 0
+        return f"{point}:{max(1, int(visit[1:]) - done)}"
+
     def attempt(self, run_dir: Path, kill: Kill, index: int) -> Kill:
         """Start the run (resuming), kill it as ``kill`` aims, and record where it fell."""
         log, trace = self.folder / f"kill-{index:02d}.log", self.folder / f"kill-{index:02d}.trace"
+        kill.aim = self.resolve(kill.aim, run_dir)
         aimed = isinstance(kill.aim, str)
         if aimed and kill.aim.startswith("cache-"):
             shutil.rmtree(self.folder / "cache", ignore_errors=True)  # so that this run writes the entry
@@ -136,34 +149,41 @@ def wait_for_training(proc: subprocess.Popen, log: Path) -> float:
     return time.monotonic()
 
 
-def plan(rng: random.Random, kills: int, steps: int, seconds: float) -> list[Kill]:
-    """``kills`` kills: a third at a random time of a run's training (``seconds`` long, from its data
-    loaded to its end), the rest aimed at a
-    point drawn from the checkpoint, cache and tracking writes in turn, at a random visit."""
-    out = []
-    groups = (CHECKPOINT_POINTS, CACHE_POINTS, TRACKING_POINTS)
-    for i in range(kills):
-        if i % 3 == 2:
-            out.append(Kill(round(rng.uniform(0.0, seconds), 2)))
+def plan(rng: random.Random, kills: int, steps: int, seconds: float):
+    """Kills spread over the run: the i-th near step ``1 + i * steps / kills`` (its aimed visit is
+    resolved against the checkpoint it resumes from), every fourth at a random moment of the
+    next two steps' time (``seconds``: one whole run's training), the others aimed at a point of
+    the checkpoint, cache and tracking writes in turn; the last two inside the end of a finished
+    run (its summary, then its last checkpoint's replacement). Then timed ones without end."""
+    groups = (CHECKPOINT_POINTS[:2], CACHE_POINTS, TRACKING_POINTS[:4])  # the end's points come last
+    for i in range(max(kills - 2, 0)):
+        if i % 4 == 3:
+            yield Kill(round(rng.uniform(0.0, 2 * seconds / steps), 2))
             continue
-        point = rng.choice(groups[i % 3] if i < 3 else groups[rng.randrange(3)])
-        visits = 1 if point.startswith(("cache-", "atomic-write", "checkpoint-replace")) else rng.randint(1, steps)
-        out.append(Kill(f"{point}:{visits}"))
-    return out
+        point = rng.choice(groups[(i - i // 4) % 3])
+        once = point.startswith(("cache-", "atomic-write"))
+        yield Kill(f"{point}:1" if once else f"{point}:@{min(steps, 1 + i * steps // kills)}")
+    yield Kill("atomic-write:summary.json:1")
+    yield Kill("checkpoint-replace:1")
+    while True:
+        yield Kill(round(rng.uniform(0.0, 2 * seconds / steps), 2))
 
 
 def soak(folder: Path, kills: list[Kill] | int, steps: int = 8, seed: int = 0, tokenizer: Path | None = None,
          echo=print) -> dict:
-    """Set up, run the reference, kill and resume the soak run once per kill, finish it, compare.
-    Returns the report (``differences`` empty: equal)."""
+    """Set up, run the reference, kill and resume the soak run (the given kills, or drawn ones
+    until ``kills`` have landed), finish it, compare. Returns the report (``differences`` empty: equal)."""
     s = Soak(Path(folder), steps)
     s.folder.mkdir(parents=True, exist_ok=True)
     s.setup(tokenizer or REPO / "assets" / "smollm2")
     seconds = s.run_once(s.folder / "reference", "reference")
     echo(f"reference run: {steps} steps, {seconds:.1f} s from its data loaded to its end")
-    planned = kills if isinstance(kills, list) else plan(random.Random(seed), kills, steps, seconds)
-    done: list[Kill] = []
+    planned = iter(kills) if isinstance(kills, list) else plan(random.Random(seed), kills, steps, seconds)
+    wanted = len(kills) if isinstance(kills, list) else kills
+    done: list[Kill] = []  # a drawn kill whose run finished first does not count: draw until enough landed
     for i, kill in enumerate(planned):
+        if sum(k.landed for k in done) >= wanted or i >= 2 * wanted:
+            break
         done.append(s.attempt(s.folder / "soak", kill, i))
         echo(f"kill {i}: aimed {kill.aim}, {'fell after ' + kill.fell if kill.landed else 'finished first'}, "
              f"last step logged {kill.step}")
