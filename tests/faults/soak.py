@@ -16,10 +16,11 @@ replacement (``checkpoint-replace``), a data-cache entry's rows written but not 
 (``cache-arrow``) or complete but not published (``cache-checksums``; the cache is emptied
 before such a kill so that the run writes it), a metrics line not yet closed
 (``metrics-append``), a TensorBoard flush, and an atomic rewrite before its rename (the metrics
-rewind, the run config, the summary). The rest fall at a random time of the run; the child's
-trace (``DFLASH_FAULT_TRACE``) says which write it had passed last.
+rewind, the run config, the summary), spread over the run's steps (``plan``). Every fourth falls
+at a random moment of the next two steps; the child's trace (``DFLASH_FAULT_TRACE``) says which
+write it had passed last.
 
-    python tests/faults/soak.py --kills 24 --steps 12 --seed 0 --out /tmp/soak   # the long soak
+    PYTHONPATH=src:tests python tests/faults/soak.py --kills 24 --steps 12 --seed 0 --out runs/soak   # the long soak
 """
 
 from __future__ import annotations
