@@ -216,3 +216,32 @@ def test_a_malformed_checksum_file_is_a_problem_not_a_traceback(tmp_path, checks
     (folder / rf.CHECKSUMS).write_bytes(checksums.encode("utf-8", "surrogateescape"))
     problem = rf.verify_checkpoint(folder)
     assert problem is not None and rf.CHECKSUMS in problem and "\n" not in problem
+
+
+def _checkpoint(path: Path, complete: bool = True) -> Path:
+    path.mkdir(parents=True)
+    (path / "drafter.safetensors").write_text(path.name)
+    if complete:
+        (path / rf.COMPLETE).write_text("done")
+    return path
+
+
+def test_a_checkpoint_set_aside_by_a_killed_same_step_save_is_put_back_or_removed(tmp_path):
+    """A kill between ``_commit``'s two renames (found by the kill soak) left ``step-N.old`` as the
+    only complete step N, never read, never removed: the lock puts it back; beside a complete
+    ``step-N`` (killed after the second rename) it is removed; an incomplete one is left."""
+    from dflash_train.run_lock import hold_run_folder
+
+    run = tmp_path / "run"
+    alone = _checkpoint(rf.checkpoint_dir(run, 4).with_name("step-00000004.old"))
+    beside = _checkpoint(rf.checkpoint_dir(run, 2).with_name("step-00000002.old"))
+    _checkpoint(rf.checkpoint_dir(run, 2))
+    broken = _checkpoint(rf.checkpoint_dir(run, 1).with_name("step-00000001.old"), complete=False)
+    notes = []
+    with hold_run_folder(run, echo=notes.append):
+        pass
+    assert not alone.exists() and (rf.checkpoint_dir(run, 4) / "drafter.safetensors").read_text() == alone.name
+    assert not beside.exists() and rf.is_complete(rf.checkpoint_dir(run, 2))
+    assert broken.exists() and not rf.checkpoint_dir(run, 1).exists()
+    assert rf.latest_checkpoint(run) == rf.checkpoint_dir(run, 4)
+    assert len([n for n in notes if "put" in n or "removed" in n]) == 2

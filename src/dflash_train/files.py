@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from dflash_train.faultpoints import reached
+
 HOST = socket.gethostname()
 
 
@@ -232,6 +234,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, what: str = "file", todo: 
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            reached("atomic-write", path.name)  # the temporary whole, not yet renamed (the kill soak aims here)
             os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -30,6 +30,8 @@ ask.
 from __future__ import annotations
 
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from dflash_train.files import CHECKSUMS as _CHECKSUMS
@@ -68,6 +70,34 @@ def checkpoint_step(path: str | Path) -> int:
 def is_complete(folder: str | Path) -> bool:
     """The folder carries the marker written after everything else was on disk."""
     return (Path(folder) / COMPLETE).is_file()
+
+
+SET_ASIDE = ".old"  # ``step-N.old``: the step N a same-step save is replacing (``CheckpointManager._commit``)
+
+
+def restore_set_aside(run_dir: str | Path, echo: Callable[[str], None] = print) -> None:
+    """Settle the ``step-N.old`` folders a killed save left; call holding the run's lock.
+
+    A save that replaces a checkpoint of the same step (a finished run resumed saves its last
+    step again) renames the old ``step-N`` to ``step-N.old`` before renaming the new one in. A
+    kill between the two renames leaves no ``step-N`` at all: the only complete copy is the
+    ``.old``, which no reader looks at, so a resume would silently fall back to an older step
+    (or, with ``train.keep_last=1``, start again from step 0), and the folder stayed forever. So:
+    beside a complete ``step-N`` (the kill came after the second rename) the ``.old`` is removed;
+    alone and complete, it is renamed back. Each with a one-line note."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return
+    for old in sorted(folder.glob(f"{_STEP_PREFIX}*{SET_ASIDE}")):
+        final = old.with_name(old.name[: -len(SET_ASIDE)])
+        if checkpoint_step(final) < 0 or not old.is_dir():
+            continue
+        if is_complete(final):
+            shutil.rmtree(old, ignore_errors=True)
+            echo(f"dflash-train: removed {old}: a save that replaced it was killed before removing it")
+        elif is_complete(old) and not final.exists():
+            old.rename(final)
+            echo(f"dflash-train: put {final} back: a save killed while replacing it had set it aside as {old.name}")
 
 
 def checkpoint_folders(run_dir: str | Path) -> list[Path]:

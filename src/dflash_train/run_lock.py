@@ -24,7 +24,8 @@ shared folder also stops a second run started from another node. When the main r
 it exits with the error and torchrun stops the other ranks.
 
 While the lock is held, no other run writes the folder, so every temporary name in it is
-debris of a killed run: those are swept at acquire time (``files.sweep_stale_temps``).
+debris of a killed run: those are swept at acquire time (``files.sweep_stale_temps``), and a checkpoint
+a killed same-step save had set aside (``step-N.old``) is settled (``run_folder.restore_set_aside``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dflash_train.files import HOST, UserFacingError, explained, os_error_reason, pid_alive, sweep_stale_temps
-from dflash_train.run_folder import CHECKPOINTS, COMPILE_ARTIFACTS, LOCK, METRICS
+from dflash_train.run_folder import CHECKPOINTS, COMPILE_ARTIFACTS, LOCK, METRICS, restore_set_aside
 
 try:
     import fcntl
@@ -130,6 +131,7 @@ class RunLock:
         self.fd = fd
         sweep_stale_temps(self.run_dir, self.echo, _run_folder_temp)
         sweep_stale_temps(self.run_dir / CHECKPOINTS, self.echo, _run_folder_temp)
+        restore_set_aside(self.run_dir, self.echo)
 
     def _open_locked(self) -> tuple[int, bool]:
         """An fd of the lock file at ``self.path`` and whether it is flocked (False: no flock here)."""

@@ -146,3 +146,16 @@ def test_block_output_ignores_own_anchor_feature(tiny_target):
         f2[0, where] += 1.0
         changed = (run(f2)[0, :4] - base[0, :4]).abs().max() > 1e-6
         assert changed == moves, f"feature at {where}"
+
+
+def test_each_weighting_names_its_normalizer_dpace_the_label_count_the_others_the_decay_sum():
+    """D-PACE divides the step by its number of labels (docs/spec.md 2b), decay and reach by the
+    decay weights' sum: the two differ whenever gamma makes weights below 1 (a mutant that gave
+    dpace the decay sum survived every other test)."""
+    from dflash_train.objective.weighting import WEIGHTINGS
+
+    weights = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    valid = torch.tensor([True, True, True, False])
+    assert float(WEIGHTINGS["dpace"].normalizer(weights, valid)) == 3.0
+    assert float(WEIGHTINGS["decay"].normalizer(weights, valid)) == 1.75
+    assert float(WEIGHTINGS["reach"].normalizer(weights, valid)) == 1.75

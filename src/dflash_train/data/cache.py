@@ -24,6 +24,7 @@ from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dflash_train.faultpoints import reached
 from dflash_train.files import (
     CHECKSUMS,
     explained,
@@ -144,8 +145,10 @@ def write_entry(entry: Path, rows: Iterable[dict], report: SkipReport, batch: in
     puts a new entry over a corrupt one."""
     with staged_folder(entry, "data cache entry", _TODO, publish=partial(_publish, replace=replace)) as tmp:
         _write_arrow(tmp, rows, batch)
+        reached("cache-arrow")  # the rows written, the report and checksums not (the kill soak aims here)
         (tmp / REPORT_FILE).write_text(json.dumps(report.to_dict(), indent=1))
         (tmp / CHECKSUMS).write_text(json.dumps(file_checksums(tmp)))
+        reached("cache-checksums")  # complete, not yet published
 
 
 def _publish(tmp: Path, entry: Path, replace: bool = False) -> None:

@@ -51,6 +51,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from dflash_train.faultpoints import reached
 from dflash_train.files import UserFacingError, describe_os_error, read_text
 from dflash_train.run_folder import (
     CHECKSUMS,
@@ -58,6 +59,7 @@ from dflash_train.run_folder import (
     CONFIG,
     DRAFTER_CONFIG,
     DRAFTER_WEIGHTS,
+    SET_ASIDE,
     SUMMARY,
     checkpoint_dir,
     checkpoint_step,
@@ -274,6 +276,7 @@ class CheckpointManager:
     def _write(self, tmp: Path) -> None:
         """Every rank's shards, then rank 0's files, checksums and, last, the COMPLETE marker."""
         groups = self.tensors.save(tmp, self.group)
+        reached("checkpoint-shards")  # the shards written, the JSON files not (the kill soak aims here)
         sharded = any(hasattr(v, "full_tensor") for v in self.drafter.state_dict().values())
         weights = _full_weights(self.drafter) if _rank() == 0 or sharded else None  # FSDP2: every rank gathers
         _barrier(self.group)
@@ -286,6 +289,7 @@ class CheckpointManager:
         save_file(weights, str(tmp / DRAFTER_WEIGHTS))
         _write_json(tmp / CHECKSUMS, file_checksums(tmp))
         _write_text(tmp / COMPLETE, time.strftime("%Y-%m-%dT%H:%M:%S"))
+        reached("checkpoint-complete")  # complete, not yet renamed into place
 
     def _commit(self, tmp: Path, final: Path) -> None:
         """Rename ``tmp`` to ``final``. A ``final`` already there is this run's own step N (a stop
@@ -294,9 +298,10 @@ class CheckpointManager:
         an older checkpoint): kept aside under a new name."""
         ours = final.name in self.written or checkpoint_step(final) <= self.resumed_step
         if final.exists() and ours:
-            old = final.with_name(final.name + ".old")
+            old = final.with_name(final.name + SET_ASIDE)  # a kill from here on: run_folder.restore_set_aside
             shutil.rmtree(old, ignore_errors=True)
             final.rename(old)
+            reached("checkpoint-replace")  # the old step N aside, the new one not yet in place
             try:
                 tmp.rename(final)
             except BaseException:

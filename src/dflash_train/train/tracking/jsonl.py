@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_train.faultpoints import reached
 from dflash_train.files import atomic_write_text, explained
 from dflash_train.run_folder import METRICS
 from dflash_train.train.tracking.base import WRITE_TODO
@@ -56,6 +57,7 @@ class JsonlSink:
     def log(self, step: int, record: dict) -> None:
         with explained("cannot write metrics", self.path, WRITE_TODO), self.path.open("a") as f:
             f.write(json.dumps({"step": step, **record}) + "\n")
+            reached("metrics-append")  # the line in the file's buffer, not yet closed (the kill soak aims here)
 
     def rewind(self, step: int) -> None:
         """Keep only the rows up to ``step`` (-1: none, a fresh run), rewritten atomically: the

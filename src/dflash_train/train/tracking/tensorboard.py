@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dflash_train.faultpoints import reached
 from dflash_train.files import explained
 from dflash_train.run_folder import TENSORBOARD
 from dflash_train.train.tracking.base import WRITE_TODO, scalars
@@ -38,6 +39,7 @@ class TensorBoardSink:
         for key, value in scalars(record).items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
+        reached("tensorboard-flush")
 
     def rewind(self, step: int) -> None:
         self.writer.close()

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Mutation testing (issue 60, item 4): mutmut 3.8.1 over the modules where a wrong number is
+# silent, each against the narrow set of tests that cover it. Each module runs in a scratch
+# copy of the checkout (mutmut writes ./mutants and reads its config from setup.cfg there), so
+# the checkout is never touched. mutmut is installed into its own folder (pip --target), not
+# into the project's venv: it is a tool of this script, not a dependency of the package.
+#
+#   scripts/mutation.sh                    # every module below
+#   scripts/mutation.sh accounting weighting   # some of them (the names of MODULES)
+#
+# The report: docs/results/mutation/<module>.txt (mutmut results: every mutant not killed) and
+# one summary line per module on stdout: killed / survived / no tests / timeout. OMP_NUM_THREADS=1:
+# mutmut forks a child per mutant, and a fork of a process whose OpenMP pool has started hangs
+# (every objective mutant timed out with the default threads).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+TOOL=${MUTMUT_DIR:-${TMPDIR:-/tmp}/mutmut-3.8.1}
+OUT=${OUT:-$ROOT/docs/results/mutation}
+
+# module name -> "source file | the tests that cover it | a pytest -k filter (optional)": the objective's
+# training runs and torch.compile cases take 2-13 s each, hit by every mutant of the blocks and the
+# loss (a run of blocks.py with them: 17 mutants in 2 minutes); the chunked-vs-reference cases in
+# eager mode check the same numbers
+SLOW="not learns_and_resumes and not compiled and not tiny_training"
+declare -A MODULES=(
+  [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_accounting.py"
+  [weighting]="src/dflash_train/objective/weighting.py|tests/objective"
+  [targets]="src/dflash_train/objective/targets.py|tests/objective"
+  [blocks]="src/dflash_train/objective/blocks.py|tests/objective tests/data/test_packing.py tests/train/test_objective_wiring.py|$SLOW"
+  [loss]="src/dflash_train/objective/loss.py|tests/objective|$SLOW"
+  [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/test_run_folder.py"
+  [tokenize]="src/dflash_train/data/tokenize.py|tests/data"
+  [core]="src/dflash_train/decoding/core.py|tests/decoding"
+  [serving]="src/dflash_train/export/serving.py|tests/export"
+)
+ORDER=(accounting weighting targets blocks loss checkpoint tokenize core serving)
+
+[ -d "$TOOL/mutmut" ] || "$PY" -m pip install -q --target "$TOOL" mutmut==3.8.1
+mkdir -p "$OUT"
+for name in "${@:-${ORDER[@]}}"; do
+  IFS='|' read -r source tests filter <<<"${MODULES[$name]}"
+  work=$(mktemp -d)
+  cp -r "$ROOT/src" "$ROOT/tests" "$ROOT/scripts" "$ROOT/docs" "$ROOT/README.md" "$ROOT/pyproject.toml" "$work/"
+  ln -s "$ROOT/assets" "$work/assets"
+  present=$(cd "$ROOT" && for t in $tests; do if [ -e "$t" ]; then printf '%s\n' "    $t"; fi; done)
+  # mutmut copies the whole package into mutants/ (a package split between mutants/src and the
+  # editable install would import the installed, unmutated one) and mutates only $source; the package's data files (recipes, templates) go
+  # there first, and what the tests read beside the code goes as also_copy
+  mkdir -p "$work/mutants"
+  (cd "$ROOT" && find src -type f ! -name '*.py' ! -path '*__pycache__*' -exec cp --parents {} "$work/mutants/" \;)
+  printf '[mutmut]\nsource_paths = src\nonly_mutate = %s\npytest_add_cli_args_test_selection =\n%s\nalso_copy =\n    scripts\n    docs\n    README.md\n    pyproject.toml\n    assets\npytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n' \
+    "$source" "$present" >"$work/setup.cfg"
+  if [ -n "${filter:-}" ]; then printf '    -k\n    %s\n' "$filter" >>"$work/setup.cfg"; fi
+  (cd "$work" && PYTHONPATH="$TOOL" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 "$PY" -m mutmut run --max-children 2 >"$work/run.log" 2>&1) || true
+  (cd "$work" && PYTHONPATH="$TOOL" "$PY" -m mutmut results --all true 2>&1 | sed "s/^ *//" >"$OUT/$name.txt") || true
+  counts=$(awk -F': ' 'NF==2 {print $2}' "$OUT/$name.txt" | sort | uniq -c | awk '{n=$1; $1=""; printf "%s%s, ", substr($0, 2), " " n}')
+  echo "$name ($source): ${counts%, }"
+  [ -n "${KEEP:-}" ] && echo "  kept $work" || rm -rf "$work"
+done
