@@ -24,7 +24,7 @@ OUT=${OUT:-$ROOT/docs/results/mutation}
 # eager mode check the same numbers
 SLOW="not learns_and_resumes and not compiled and not tiny_training"
 declare -A MODULES=(
-  [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_accounting.py"
+  [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_eval_accounting.py"
   [weighting]="src/dflash_train/objective/weighting.py|tests/objective"
   [targets]="src/dflash_train/objective/targets.py|tests/objective"
   [blocks]="src/dflash_train/objective/blocks.py|tests/objective tests/data/test_packing.py tests/train/test_objective_wiring.py|$SLOW"
