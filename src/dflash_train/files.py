@@ -325,11 +325,12 @@ def file_checksums(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
     return {str(p.relative_to(folder)): {"sha256": d, "bytes": p.stat().st_size} for p, d in zip(found, digests)}
 
 
-def verify_checksums(folder: Path, missing_ok: bool = False) -> str | None:
+def verify_checksums(folder: Path, missing_ok: bool = False, raise_os_errors: bool = False) -> str | None:
     """None when every file ``checksums.json`` names matches it, else what is wrong (one line).
     No checksum file is a problem unless ``missing_ok`` (folders written before they carried
     one). A file that cannot be read, a malformed checksum file or one naming a file outside the
-    folder is a problem too, never an exception."""
+    folder is a problem too, never an exception; with ``raise_os_errors`` a read that fails is
+    the caller's ``OSError`` (a fault of the place, such as permissions, is not damaged bytes)."""
     folder = Path(folder)
     if not (folder / CHECKSUMS).exists():
         return None if missing_ok else f"{CHECKSUMS} is missing"
@@ -338,6 +339,8 @@ def verify_checksums(folder: Path, missing_ok: bool = False) -> str | None:
     except (ValueError, RecursionError) as err:
         return f"{CHECKSUMS} is unreadable ({' '.join(str(err).split())[:120]})"
     except OSError as err:
+        if raise_os_errors:
+            raise
         return f"{CHECKSUMS} cannot be read ({err.strerror})"
     if not _checksums_well_formed(expected):
         return f"{CHECKSUMS} is malformed (expected {{file: {{sha256, bytes}}}} of files inside the folder)"
@@ -353,6 +356,8 @@ def verify_checksums(folder: Path, missing_ok: bool = False) -> str | None:
             if sha256_file(folder / name) != want["sha256"]:
                 return f"{name} does not match its sha256 checksum (its bytes changed after it was written)"
     except OSError as err:
+        if raise_os_errors:
+            raise
         return f"{Path(err.filename or '?').name} cannot be read ({err.strerror})"
     return None
 

@@ -108,7 +108,11 @@ def load_cached(entry: Path) -> tuple[datasets.Dataset, SkipReport] | None:
     (permission, I/O) is a one-line error."""
     if not (entry / DATA_FILE).exists() or not (entry / REPORT_FILE).exists():
         return None
-    problem = verify_checksums(entry)
+    try:
+        problem = verify_checksums(entry, raise_os_errors=True)
+    except OSError as err:  # a fault of the place is one line naming the file; damaged bytes are corrupt
+        with _entry_file(Path(err.filename) if err.filename else entry / DATA_FILE):
+            raise
     if problem is not None:
         raise CorruptEntry(problem)
     with _entry_file(entry / REPORT_FILE):
