@@ -1,11 +1,12 @@
 """Online training, the in-memory feature cache and feature stores, side by side on one job; prints JSON.
 
     python scripts/feature_store_bench.py RECIPE [section.key=value ...] --out DIR [--epochs 2]
-        [--modes online,cache,store-auto,store-bfloat16,store-float8] [--tau-prompts N]
+        [--modes online,cache,store-auto,store-bfloat16,store-float8,hybrid] [--tau-prompts N]
 
 For each store encoding: ``dflash-train features`` (dump tokens/s, bytes per token). For each mode: the
 same job trained for ``--epochs`` epochs in its own run folder, then (``--tau-prompts N``) exported and
-evaluated on N held-out prompts. Per mode: context tokens/s (median of the log windows, per epoch; the
+evaluated on N held-out prompts. ``hybrid``: ``train.feature_cache=disk``, its first epoch writing
+``store-hybrid``. Per mode: context tokens/s (median of the log windows, per epoch; the
 first window is left out: compilation, warm-up), the logged losses and their largest relative distance
 from online training's at the same steps, the store's read bandwidth and the seconds the step waited on
 it, and held-out tau. Every mode trains the same steps on the same data with the same seed.
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-MODES = ("online", "cache", "store-auto", "store-bfloat16", "store-float8")
+MODES = ("online", "cache", "store-auto", "store-bfloat16", "store-float8", "hybrid")
 
 
 def run_overrides(mode: str, out: Path, epochs: float) -> list[str]:
@@ -33,6 +35,8 @@ def run_overrides(mode: str, out: Path, epochs: float) -> list[str]:
               "eval.prompts=null", "train.progress=false", "train.log_every=5", "train.resume=null"]
     if mode == "cache":
         return [*common, "train.feature_cache=device"]
+    if mode == "hybrid":  # the first epoch online writes store-hybrid, the later ones read it
+        return [*common, "train.feature_cache=disk", f"train.feature_store={out / 'store-hybrid'}"]
     common.append("train.feature_cache=off")  # a recipe's own cache (smollm2-1gpu) off: online is online
     if mode.startswith("store-"):
         return [*common, f"train.feature_store={out / mode}"]
@@ -138,6 +142,8 @@ def main() -> int:
     baseline = None
     for mode in modes:
         row: dict = {}
+        if mode == "hybrid":  # a store left by an earlier bench would be read from the first step
+            shutil.rmtree(args.out / "store-hybrid", ignore_errors=True)
         if mode.startswith("store-"):
             row.update(dump_store(args.recipe, args.overrides, args.out, mode.removeprefix("store-")))
         overrides = [*args.overrides, *run_overrides(mode, args.out, args.epochs)]
@@ -146,6 +152,9 @@ def main() -> int:
         row.update(steps=summary["steps"], tokens_per_s=speed_by_epoch(records), last_loss=losses[-1],
                    last_expected_acceptance=summary.get("last_expected_acceptance"))
         row.update({key: summary[key] for key in ("feature_store", "feature_cache") if key in summary})
+        if mode == "hybrid":  # the store its first epoch wrote
+            manifest = json.loads((args.out / "store-hybrid" / "manifest.json").read_text())
+            row["bytes_per_token"] = round(manifest["bytes"] / manifest["tokens"], 1)
         if baseline is None:
             baseline = losses
         else:
@@ -157,6 +166,7 @@ def main() -> int:
         print(json.dumps({mode: row}), file=sys.stderr)
     if args.source_timing:
         kinds = [m.removeprefix("store-") for m in MODES if m.startswith("store-") and (args.out / m).exists()]
+        kinds += ["hybrid"] if (args.out / "store-hybrid").exists() else []
         result["source_timing"] = source_timing(args.recipe, args.overrides, args.out, kinds, args.source_timing)
     print(json.dumps(result, indent=1))
     return 0

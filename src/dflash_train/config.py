@@ -180,7 +180,9 @@ class TrainConfig:
     drafter_init: str = "random"
     # "device" / "cpu": keep every conversation's target features after its first epoch (on the training
     # device / in host memory) and skip the target forward when a micro-batch is all cached
-    # (train/features.py, SampleFeatureCache: exact, memory = dataset tokens x feature width); "off": recompute
+    # (train/features.py, SampleFeatureCache: exact, memory = dataset tokens x feature width); "disk": the
+    # hybrid mode, online in the first epoch while writing the feature store train.feature_store names, then
+    # from that store (features/hybrid.py: any size, kept for later runs); "off": recompute
     feature_cache: str = "off"
     # feature_cache=device only: at most this many GiB of the cache on the GPU (the dataset's first
     # tokens); the rest spills to host memory, read back ahead of each step (null: sized from the card,
@@ -190,6 +192,8 @@ class TrainConfig:
     # target forward and only the target's embedding, final norm and lm_head loaded; refused, naming the
     # field, when it was written for another target, layers, tokenizer, max_length or data (null: the target)
     feature_store: str | None = None
+    # feature_cache=disk only: the encoding the first epoch writes (features --dtype: auto, bfloat16, float8)
+    feature_store_dtype: str = "auto"
     fsdp_drafter: bool = False  # distributed: shard the drafter with FSDP2 instead of DDP
     fsdp_target: bool = False  # distributed, colocated: shard the target's decoder layers with FSDP2
     # The drafter layers' attention and MLP projections compute forward AND backward in FP8 e4m3 with
@@ -200,6 +204,12 @@ class TrainConfig:
     # docs/results/fp8-h200/ref-drafter-fp8.json, ref-bf16.json).
     # CUDA with compute capability 8.9+ only; not with fsdp_drafter.
     fp8_drafter: bool = False
+
+    @property
+    def loads_target_layers(self) -> bool:
+        """Whether the job runs the target: not when every step reads a feature store (only the
+        target's embedding, final norm and lm_head load then); the hybrid mode runs it in its first epoch."""
+        return not self.feature_store or self.feature_cache == "disk"
 
     def validate(self) -> None:
         self._validate_lengths()
@@ -246,8 +256,18 @@ class TrainConfig:
                              "choose one")
 
     def _validate_feature_cache(self) -> None:
-        if self.feature_cache not in ("off", "device", "cpu"):
-            raise ValueError(f"train.feature_cache must be off, device or cpu, got {self.feature_cache!r}")
+        if self.feature_cache not in ("off", "device", "cpu", "disk"):
+            raise ValueError(f"train.feature_cache must be off, device, cpu or disk, got {self.feature_cache!r}")
+        if self.feature_store_dtype not in ("auto", "bfloat16", "float8"):
+            raise ValueError("train.feature_store_dtype must be auto, bfloat16 or float8, got "
+                             f"{self.feature_store_dtype!r}")
+        if self.feature_store_dtype != "auto" and self.feature_cache != "disk":
+            raise ValueError("train.feature_store_dtype is the encoding train.feature_cache=disk writes; it has "
+                             f"no use with feature_cache={self.feature_cache} (dflash-train features --dtype "
+                             "chooses a dumped store's)")
+        if self.feature_cache == "disk" and not self.feature_store:
+            raise ValueError("train.feature_cache=disk writes its first epoch's features to a feature store: name "
+                             "its folder with train.feature_store=PATH")
         if self.feature_cache_gib is not None:
             if self.feature_cache != "device":
                 raise ValueError("train.feature_cache_gib caps the GPU part of train.feature_cache=device; "
@@ -257,9 +277,11 @@ class TrainConfig:
         if self.feature_store is not None:
             if not isinstance(self.feature_store, str) or not self.feature_store:
                 raise ValueError(f"train.feature_store must be a folder path or null, got {self.feature_store!r}")
-            if self.feature_cache != "off":
+            if self.feature_cache in ("device", "cpu"):
                 raise ValueError("train.feature_store reads every step's features from disk: train.feature_cache "
-                                 "has nothing to keep; set it off")
+                                 "has nothing to keep; set it off (or disk: write the store in the first epoch)")
+            if self.feature_cache == "disk":
+                return  # the hybrid mode loads the whole target: its first epoch runs it
             if self.drafter_init == "target" or self.fsdp_target:
                 raise ValueError("train.feature_store loads no target layers, and train.drafter_init=target / "
                                  "train.fsdp_target need them; use drafter_init=random, fsdp_target=false")
@@ -321,7 +343,7 @@ class JobConfig:
                 f"data.max_length ({self.data.max_length}) must exceed drafter.block_size ({self.drafter.block_size})"
             )
         self.eval.validate()
-        if self.train.feature_store and self.eval.prompts:
+        if self.train.feature_store and self.train.feature_cache != "disk" and self.eval.prompts:
             raise ValueError("train.feature_store loads no target layers, and eval.prompts decodes with the whole "
                              "target: set eval.prompts=null and evaluate the export (dflash-train eval)")
 
@@ -336,7 +358,7 @@ class JobConfig:
         self.train.validate()
         self.objective.validate()
         self.objective.validate_with(self.drafter.block_size, self.drafter.kind)
-        if self.train.feature_cache != "off" and self.objective.needs_target_distribution:
+        if self.train.feature_cache in ("device", "cpu") and self.objective.needs_target_distribution:
             raise ValueError("train.feature_cache stores features only; objective.targets kl/tv also need the "
                              "target's final hidden states at every step: use one or the other")
         if self.train.attention == "flex" and self.train.device == "cpu":

@@ -223,8 +223,10 @@ class BatchIterator:
             raise ValueError("drop_last with fewer micro-batches per epoch than one global step")
         taken = self._take_global()
         self.steps_done += 1
-        mine = taken[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
-        return [self.collate(ids, epoch) for epoch, ids in mine]
+        mine = [self.collate(ids, epoch) for epoch, ids in taken[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]]
+        for micro_batch in mine:  # the global order's epochs never decrease: the step's first is every rank's least
+            micro_batch.host["step_first_epoch"] = taken[0][0]
+        return mine
 
     def collate(self, ids: list, epoch: int) -> MicroBatch:
         if self.plan.pack_length is not None:

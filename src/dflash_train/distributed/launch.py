@@ -67,7 +67,7 @@ def run(cfg: JobConfig, target=None, target_ranks: int = 0, drafter_ranks: int =
             if cfg.train.fsdp_drafter or cfg.train.fsdp_target:
                 echo("one process: train.fsdp_* ignored")
             result = train(cfg, target=_load_target(cfg.target, target, resolve_device(cfg.train.device),
-                                                    layers=not cfg.train.feature_store), echo=echo)
+                                                    layers=cfg.train.loads_target_layers), echo=echo)
         elif topo.disaggregated:
             result = _run_disaggregated(cfg, env, topo, groups, target, echo)
         else:
@@ -102,7 +102,7 @@ def _run_colocated(cfg: JobConfig, env: DistEnv, groups: Groups, target, echo) -
     device = resolve_device(cfg.train.device)
     ranks = AgreedRanks(env.rank, env.world, groups.drafters, control=groups.control)
     timings = Timings(device)
-    store = bool(cfg.train.feature_store)  # each rank reads the store: no target forward to time
+    store = not cfg.train.loads_target_layers  # each rank reads the store: no target forward to time
     loaded = _load_target(cfg.target, target, device, layers=not store)
     if cfg.train.fsdp_target:
         parallelize_target(loaded, groups.drafters, device)
@@ -124,6 +124,9 @@ def _run_disaggregated(cfg: JobConfig, env: DistEnv, topo: Topology, groups: Gro
     if cfg.objective.needs_target_distribution:
         raise ValueError("objective.targets kl/tv need colocated training (drafter ranks get no target logits "
                          "from --target-ranks)")
+    if cfg.train.feature_cache == "disk":
+        raise ValueError("train.feature_cache=disk writes the store from a local target's first epoch; with "
+                         "--target-ranks write it first (dflash-train features) and train with train.feature_store")
     if cfg.eval.prompts:
         raise ValueError("held-out evaluation (eval.prompts) is not supported with --target-ranks yet: "
                          "set eval.prompts=null, or evaluate the exported drafter afterwards")

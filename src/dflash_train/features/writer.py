@@ -190,23 +190,56 @@ def dump(cfg, out, kind: str = "auto", target=None, rank: int = 0, world: int = 
             lock.release()
 
 
+def store_job(cfg, target, drafter_cfg, dataset, dtype: torch.dtype, kind: str, world: int) -> tuple[dict, dict]:
+    """The manifest's ``job`` (what the store must match) and ``encoding`` of job ``cfg``'s store."""
+    fingerprint = fmt.job_fingerprint(cfg, target, drafter_cfg, dataset, dtype)
+    layers, hidden = len(drafter_cfg.target_layer_ids), target.facts.hidden_size
+    per_token = fmt.bytes_per_token(kind, dtype, layers, hidden, fingerprint["final_hidden"])
+    encoding = {"dtype": kind, "stored_dtype": str(fmt.stored_dtype(kind, dtype)).removeprefix("torch."),
+                "layers": layers, "bytes_per_token": per_token, "world": world,
+                "grad_accum": cfg.train.grad_accum, "token_budget": cfg.data.token_budget, "pack": cfg.data.pack,
+                "seed": cfg.train.seed}
+    return fingerprint, encoding
+
+
+def add_micro_batch(writer: ShardWriter, micro_batch, out, kind: str, layers: int) -> int:
+    """Hand a micro-batch's conversations to ``writer``, encoded: ``out`` is the target's features
+    (``target_features``: a tensor, or (features, final hidden states)). Returns the tokens added."""
+    features, last = out if isinstance(out, tuple) else (out, None)
+    flat = features.reshape(-1, features.shape[-1])
+    flat_last = None if last is None else last.reshape(-1, last.shape[-1])
+    tokens = 0
+    for sample, start, length in fmt.conversation_spans(micro_batch):
+        rows = slice(start, start + length)
+        writer.add(sample, fmt.encode(flat[rows], None if flat_last is None else flat_last[rows], kind, layers))
+        tokens += length
+    return tokens
+
+
+def write_missing(target, layer_ids: list[int], final: bool, batches, plan: list, todo: list[int],
+                  writer: ShardWriter, kind: str, layers: int, device: torch.device) -> int:
+    """Run the target over the first epoch's micro-batches ``todo`` and write them; returns the tokens."""
+    from dflash_train.train.features import target_features
+
+    tokens = 0
+    for n, i in enumerate(todo):
+        mb = batches.collate(plan[i], 0)
+        out = target_features(target, layer_ids, final, mb, mb.input_ids.to(device), mb.attention_mask.to(device))
+        tokens += add_micro_batch(writer, mb, out, kind, layers)
+        writer.end_micro_batch(i, n == len(todo) - 1)
+    return tokens
+
+
 def _dump(cfg, folder: Path, kind, target, rank, world, barrier, echo, shard_mib, verify) -> dict:
     from dflash_train.devices import resolve_device
     from dflash_train.train.assembly import load_data, load_target, resolve_drafter, target_dtype
-    from dflash_train.train.features import target_features
 
     device = resolve_device(cfg.train.device)
     dtype = target_dtype(cfg, device)
     target = target or load_target(cfg.target, device, dtype)
     drafter_cfg = resolve_drafter(cfg.drafter, target, echo)
     data = load_data(cfg, target.tokenizer, drafter_cfg.block_size)
-    fingerprint = fmt.job_fingerprint(cfg, target, drafter_cfg, data.dataset, dtype)
-    layers, hidden, final = len(drafter_cfg.target_layer_ids), target.facts.hidden_size, fingerprint["final_hidden"]
-    per_token = fmt.bytes_per_token(kind, dtype, layers, hidden, final)
-    encoding = {"dtype": kind, "stored_dtype": str(fmt.stored_dtype(kind, dtype)).removeprefix("torch."),
-                "layers": layers, "bytes_per_token": per_token, "world": world,
-                "grad_accum": cfg.train.grad_accum, "token_budget": cfg.data.token_budget, "pack": cfg.data.pack,
-                "seed": cfg.train.seed}
+    fingerprint, encoding = store_job(cfg, target, drafter_cfg, data.dataset, dtype, kind, world)
     manifest = open_manifest(folder, fingerprint, encoding, rank == 0)
     if manifest["state"] == "complete" and not verify:
         echo(f"feature store {folder} is complete already ({manifest['tokens']:,} tokens)")
@@ -214,26 +247,15 @@ def _dump(cfg, folder: Path, kind, target, rank, world, barrier, echo, shard_mib
     barrier()
     index = Index.read(folder / fmt.index_name(rank))
     clean_rank(folder, rank, index, verify, echo)
-    batches = data.batches(0, 1, 1)
     plan = data.plan.epoch_micro_batches(0)
     todo = [i for i in my_micro_batches(len(plan), rank, world, cfg.train.grad_accum) if i not in index.done()]
     lengths = data.dataset["length"]
     remaining = sum(lengths[s] for i in todo for s in _samples(plan[i]))
-    check_space(folder, remaining * per_token, echo)
+    check_space(folder, remaining * encoding["bytes_per_token"], echo)
     writer = ShardWriter(folder, rank, index, int(shard_mib * 2**20))
-    started, tokens = time.perf_counter(), 0
-    for n, i in enumerate(todo):
-        mb = batches.collate(plan[i], 0)
-        out = target_features(target, drafter_cfg.target_layer_ids, final, mb, mb.input_ids.to(device),
-                              mb.attention_mask.to(device))
-        features, last = out if final else (out, None)
-        flat = features.reshape(-1, features.shape[-1])
-        flat_last = None if last is None else last.reshape(-1, last.shape[-1])
-        for sample, start, length in fmt.conversation_spans(mb):
-            rows = slice(start, start + length)
-            writer.add(sample, fmt.encode(flat[rows], None if flat_last is None else flat_last[rows], kind, layers))
-            tokens += length
-        writer.end_micro_batch(i, n == len(todo) - 1)
+    started = time.perf_counter()
+    tokens = write_missing(target, drafter_cfg.target_layer_ids, fingerprint["final_hidden"], data.batches(0, 1, 1),
+                           plan, todo, writer, kind, encoding["layers"], device)
     seconds = time.perf_counter() - started
     if todo:
         echo(f"feature store {folder}: rank {rank} wrote {tokens:,} tokens in {seconds:.1f} s "

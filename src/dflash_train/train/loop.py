@@ -87,7 +87,7 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     reason = unwritable(run_dir)
     if reason is not None:
         raise ValueError(f"train.run_dir {run_dir}: cannot write there ({reason})")
-    if cfg.train.feature_store:  # missing or unfinished: one line before the target loads
+    if not cfg.train.loads_target_layers:  # a store missing or unfinished: one line before the target loads
         from dflash_train.features.reader import FeatureStore
 
         FeatureStore(cfg.train.feature_store)

@@ -102,7 +102,7 @@ class Trainer:
         # target, drafter config, drafter and its wrapping, the step's spec: train/assembly.py, as the
         # benchmark and a disaggregated target rank build them
         # from a feature store (train.feature_store) only the target's embedding, final norm and lm_head load
-        target = target or load_target(cfg.target, self.device, self.dtype, layers=not cfg.train.feature_store)
+        target = target or load_target(cfg.target, self.device, self.dtype, layers=cfg.train.loads_target_layers)
         parts = assemble(cfg, target, self.device, data_parallel, self.echo)
         self.target, self.drafter_cfg, self.drafter = parts.target, parts.drafter_cfg, parts.drafter
         self.model, self.compiled = parts.model, parts.compiled  # model: what a step calls (drafter or DDP)
@@ -129,7 +129,12 @@ class Trainer:
     # -- set-up ----------------------------------------------------------------------------
     def _feature_source(self, features):
         """The local target (or the given source factory), behind the per-conversation feature
-        cache when ``train.feature_cache`` is on; or the feature store of ``train.feature_store``."""
+        cache when ``train.feature_cache`` is on; or the feature store of ``train.feature_store``, which
+        ``train.feature_cache=disk`` writes in the first epoch (features/hybrid.py)."""
+        if self.cfg.train.feature_cache == "disk":
+            from dflash_train.features.hybrid import hybrid_source
+
+            return hybrid_source(self, (features or LocalFeatures)(self))
         if self.cfg.train.feature_store:
             if features is not None:
                 raise ValueError("train.feature_store replaces the target's forward; the disaggregated topology "
@@ -153,6 +158,7 @@ class Trainer:
     def _build_data(self) -> None:
         cfg = self.cfg
         data = load_data(cfg, self.target.tokenizer, self.drafter_cfg.block_size)
+        self.data = data  # the hybrid feature store completes the first epoch from it (features/hybrid.py)
         self.dataset, self.data_report, self.plan = data.dataset, data.report, data.plan
         if self.ranks.is_main:
             self.echo(self.data_report.format())
