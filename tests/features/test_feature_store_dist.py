@@ -1,6 +1,6 @@
 """A feature store dumped by two ranks (torchrun, gloo on the CPU): each rank writes its own shards and
 index, the store holds every conversation once, and one process, or two colocated ranks each reading the
-shards it wrote in the first epoch, train from it exactly as online."""
+shards it wrote in the first epoch, train from it exactly as online; so do two ranks in the hybrid mode."""
 
 from __future__ import annotations
 
@@ -43,9 +43,15 @@ def test_two_ranks_write_disjoint_shards_that_train_like_online(tmp_path):
     stored["target"]["path"] = str(model)
     train(config_from_dict(stored), target=tiny_target(), echo=lambda *a: None)
     assert losses(tmp_path / "stored" / "run") == losses(tmp_path / "online" / "run")
-    for name, extra in (("online2", []), ("stored2", [f"train.feature_store={store}"])):  # two colocated ranks
+    hybrid = ["train.feature_cache=disk", f"train.feature_store={tmp_path / 'hstore'}", "train.max_steps=24"]
+    for name, extra in (("online2", []), ("stored2", [f"train.feature_store={store}"]),  # two colocated ranks
+                        ("online24", ["train.max_steps=24"]), ("hybrid24", hybrid)):
         run = subprocess.run(torchrun_cmd(2, "--no-python", str(VENV_BIN / "dflash-train"), "train", str(config),
                                           f"train.run_dir={tmp_path / name}", *extra),
                              capture_output=True, text=True, timeout=300, env=env())
         assert run.returncode == 0, run.stderr[-3000:]
     assert losses(tmp_path / "stored2") == losses(tmp_path / "online2") and len(losses(tmp_path / "online2")) == 8
+    # the hybrid mode on two ranks: each writes its part of the first epoch, they meet at the switch, then read
+    assert losses(tmp_path / "hybrid24") == losses(tmp_path / "online24") and len(losses(tmp_path / "online24")) == 24
+    assert FeatureStore(tmp_path / "hstore").manifest["state"] == "complete"
+    assert json.loads((tmp_path / "hybrid24" / "summary.json").read_text())["feature_store"]["micro_batches"] > 0
