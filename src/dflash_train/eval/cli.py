@@ -10,7 +10,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 def register(subparsers) -> None:
     from dflash_train.decoding.skinny import LINEAR_MODES
-    from dflash_train.eval.flags import nonnegative_float, nonnegative_int, positive_int, probability
+    from dflash_train.eval.flags import (
+        nonnegative_float,
+        nonnegative_int,
+        positive_float,
+        positive_int,
+        probability,
+    )
 
     p = subparsers.add_parser(
         "eval",
@@ -53,6 +59,10 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=positive_int, default=1,
                    help="--engine llama.cpp: threads per llama.cpp program (default 1: ggml's threads spin, "
                         "so on a shared machine one is often fastest)")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                   help="--engine llama.cpp / vllm: seconds the engine may take to answer one request (a llama.cpp "
+                        "program run; vLLM: its start, then each request); past it the engine's processes are "
+                        "stopped and the command ends in one line with its log's last lines (default 600)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="static engine: torch.compile the steps of --compile-steps before CUDA-graph capture "
                         "(default: on with CUDA, off on CPU); a compile failure warns and keeps the uncompiled step")

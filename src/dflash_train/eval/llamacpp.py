@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -147,8 +146,9 @@ class EngineConfig:
     n_draft: int
     threads: int = 1
     context: int = 2048
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # per program run (one request): --request-timeout
     spec_type: str = "draft-dflash"
+    log_dir: Path | None = None  # where each program's log is kept (its last run's); None: a temporary folder
 
 
 def _common(cfg: EngineConfig, prompt: str, n: int) -> list[str]:
@@ -156,28 +156,35 @@ def _common(cfg: EngineConfig, prompt: str, n: int) -> list[str]:
             "-t", str(cfg.threads), "-lv", "5"]
 
 
-def _run(cmd: list[str], what: str, timeout: float) -> tuple[str, str]:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise LlamaCppError(f"{what} ran past {timeout:.0f} s") from None
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.splitlines()[-8:])
-        raise LlamaCppError(f"{what} failed (exit {done.returncode}):\n{tail}")
-    return done.stdout, done.stderr
+def _run(cmd: list[str], what: str, timeout: float, log_dir: Path | None = None) -> tuple[str, str]:
+    """One program run (one request): its stdout and its log (stderr), both kept in ``log_dir``
+    (``<program>.stdout`` / ``<program>.log``, the last run's; a temporary folder when None). A failure
+    is one line (:func:`dflash_train.engine_process.run_engine_process`): crash, out of memory, no answer
+    within ``timeout`` seconds, with the log's last lines; the program's process group never outlives it."""
+    import tempfile
+
+    from dflash_train.engine_process import run_engine_process
+    from dflash_train.llamacpp import LLAMA_CPP_BUILD
+    from dflash_train.llamacpp.build import BUILD_HINT
+
+    with tempfile.TemporaryDirectory(prefix="llama-cpp-") as tmp:
+        folder = Path(log_dir) if log_dir is not None else Path(tmp)
+        log, out = folder / f"{what}.log", folder / f"{what}.stdout"
+        run_engine_process(cmd, engine=f"llama.cpp build {LLAMA_CPP_BUILD}", what=what, log=log, stdout=out,
+                           timeout=timeout, hint=BUILD_HINT, error=LlamaCppError)
+        return out.read_text(encoding="utf-8", errors="replace"), log.read_text(encoding="utf-8", errors="replace")
 
 
 def run_speculative(cfg: EngineConfig, prompt: str, n: int) -> SpecRun:
     cmd = [str(cfg.binaries["llama-speculative-simple"]), "-m", str(cfg.target_gguf), "-md", str(cfg.drafter_gguf),
            "--spec-type", cfg.spec_type, "--spec-draft-n-max", str(cfg.n_draft), *_common(cfg, prompt, n)]
-    return parse_speculative(*_run(cmd, "llama-speculative-simple", cfg.timeout_s), prompt)
+    return parse_speculative(*_run(cmd, "llama-speculative-simple", cfg.timeout_s, cfg.log_dir), prompt)
 
 
 def run_plain(cfg: EngineConfig, prompt: str, n: int) -> PlainRun:
     cmd = [str(cfg.binaries["llama-completion"]), "-m", str(cfg.target_gguf), "-no-cnv", "--no-display-prompt",
            *_common(cfg, prompt, n)]
-    return parse_completion(*_run(cmd, "llama-completion", cfg.timeout_s))
+    return parse_completion(*_run(cmd, "llama-completion", cfg.timeout_s, cfg.log_dir))
 
 
 # -- one accounting --------------------------------------------------------------------------------
@@ -532,7 +539,7 @@ def run_cli(args) -> int:
     target, drafter, ids = load_eval_inputs(args.target, args.drafter, args.prompts, args.limit, "cpu", torch.float32)
     block = args.block_size or drafter.block_size
     cfg = EngineConfig(binaries, target_gguf, drafter_gguf, block - 1, threads=args.threads,
-                       spec_type=spec_type(args.drafter))
+                       spec_type=spec_type(args.drafter), timeout_s=args.request_timeout, log_dir=out / "llama.cpp")
     records = []
     for i, prompt_ids in enumerate(ids):
         reference = _reference(target, drafter, prompt_ids, args.max_new_tokens, block)

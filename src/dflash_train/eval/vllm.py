@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -44,26 +43,26 @@ from dflash_train.eval.llamacpp import (
 from dflash_train.vllm import VLLM_VERSION, VllmError, check_cpu_kind, speculative_config
 
 
-def run_engine(python: Path, request: dict, log: Path, timeout: float = 1800.0) -> dict:
+def run_engine(python: Path, request: dict, log: Path, timeout: float = 600.0) -> dict:
     """:mod:`dflash_train.vllm.runner` in vLLM's environment on ``request``, its output kept in ``log``; its
-    JSON result. A failure is one line naming vLLM, the exit status, the log and its tail."""
+    JSON result. ``timeout``: seconds for vLLM to start, and then to answer each request (the runner marks
+    its progress). A failure (a crash, out of memory, no answer in time, no result) is one line naming vLLM,
+    the cause, the log and its last lines; the runner's process group (vLLM's engine core) never outlives it."""
+    from dflash_train.engine_process import failure, run_engine_process
     from dflash_train.vllm import runner
+    from dflash_train.vllm.install import INSTALL_HINT
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default is sized for a server
-    log.parent.mkdir(parents=True, exist_ok=True)
+    engine = f"vLLM {VLLM_VERSION}"
     with tempfile.TemporaryDirectory(prefix="vllm-eval-") as tmp:
         request_path, out_path = Path(tmp) / "request.json", Path(tmp) / "out.json"
         request_path.write_text(json.dumps(request))
-        with open(log, "w") as fh:
-            try:
-                done = subprocess.run([str(python), runner.__file__, str(request_path), str(out_path)], env=env,
-                                      stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise VllmError(f"vllm {VLLM_VERSION}: ran past {timeout:.0f} s") from None
-        if done.returncode != 0 or not out_path.is_file():
-            tail = "\n".join(log.read_text(errors="replace").strip().splitlines()[-8:])
-            raise VllmError(f"vllm {VLLM_VERSION}: the runner failed (exit {done.returncode}); log {log}:\n{tail}")
+        run_engine_process([str(python), runner.__file__, str(request_path), str(out_path)], engine=engine,
+                           what="the runner", log=log, timeout=timeout, env=env, progress=Path(tmp) / "progress",
+                           hint=INSTALL_HINT, error=VllmError)
+        if not out_path.is_file():
+            raise failure(engine, "the runner", "exited without writing its result", log, VllmError)
         return json.loads(out_path.read_text())
 
 
@@ -272,7 +271,7 @@ def run_cli(args) -> int:
                "max_new_tokens": args.max_new_tokens, "baseline": not args.no_baseline,
                "speculative_config": speculative_config(kind, str(args.drafter), block)}
     print(f"eval: {len(ids)} prompts through vLLM {VLLM_VERSION} ({python})", file=sys.stderr)
-    result = run_engine(python, request, Path(args.out) / "vllm.log")
+    result = run_engine(python, request, Path(args.out) / "vllm.log", args.request_timeout)
     records = []
     for i, prompt_ids in enumerate(ids):
         reference = _reference(target, drafter, prompt_ids, args.max_new_tokens, block)

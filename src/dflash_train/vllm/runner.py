@@ -30,6 +30,15 @@ COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
+def progress(line: str) -> None:
+    """A line in ``$DFLASH_ENGINE_PROGRESS`` (when set): the parent's per-request timeout starts again
+    (``dflash_train.engine_process``). Before and after vLLM starts, and before every request."""
+    path = os.environ.get("DFLASH_ENGINE_PROGRESS")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(line + "\n")
+
+
 def counters(llm) -> dict:
     """vLLM's cumulative speculative-decoding counters (0 before its first draft)."""
     out = {name: 0 for name in COUNTERS}
@@ -77,10 +86,13 @@ def decode_all(llm, request: dict, speculative: bool) -> list[dict]:
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], ignore_eos=False)
+    kind = "speculative" if speculative else "plain"
+    progress(f"{kind}: the warm-up request")
     llm.generate([TokensPrompt(prompt_token_ids=request["prompts"][0])],
                  SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
     records = []
-    for ids in request["prompts"]:
+    for i, ids in enumerate(request["prompts"]):
+        progress(f"{kind}: request {i + 1}/{len(request['prompts'])}")
         before = counters(llm) if speculative else None
         started = time.perf_counter()
         output = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
@@ -103,6 +115,7 @@ def run(request: dict) -> dict:
         if name == "plain" and not request.get("baseline", True):
             continue
         started = time.perf_counter()
+        progress(f"{name}: vLLM to start")
         llm = make_llm(request, speculative)
         out[f"{name}_startup_seconds"] = time.perf_counter() - started
         out[name] = decode_all(llm, request, speculative)
