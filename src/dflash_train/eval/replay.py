@@ -45,7 +45,16 @@ from dflash_train.decoding.proposers import as_proposer, block_hidden, block_log
 from dflash_train.decoding.speculative import target_generate
 from dflash_train.eval.evaluate import REPORT_TODO, default_stop_token_ids, summarize
 from dflash_train.eval.flags import positive_int
-from dflash_train.files import UserFacingError, atomic_write_text, explained, read_text
+from dflash_train.files import (
+    UNSEALED,
+    UserFacingError,
+    atomic_write_text,
+    explained,
+    note_once,
+    read_text,
+    seal_json,
+    unseal_json,
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -87,18 +96,24 @@ def load_or_make_references(path: str | Path | None, key: str, make) -> list[lis
 
     The file is written atomically (a failure: one line, an earlier file intact, no temp);
     one that cannot be read or is not a references file is one line naming it, not remade
-    over (it may be the wrong path, and making them costs a decode of every prompt)."""
+    over (it may be the wrong path, and making them costs a decode of every prompt). It carries
+    its own checksum (``files.seal_json``): token ids changed after the write but still ints
+    would score every replay against a wrong decode, so a mismatch remakes them (a note); a file
+    written before the checksum is read as it is (a note, once)."""
     if path is not None and (Path(path).exists() or Path(path).is_symlink()):
         stored = _read_references(Path(path))
-        if stored.get("key") == key:
+        if stored.get("damaged"):
+            print(f"replay: {path} {stored['damaged']}: remaking them", file=sys.stderr)
+        elif stored.get("key") == key:
             return stored["continuations"]
-        print(f"replay: {path} holds continuations for {stored.get('key')!r}, not {key!r}: remaking them",
-              file=sys.stderr)
+        else:
+            print(f"replay: {path} holds continuations for {stored.get('key')!r}, not {key!r}: remaking them",
+                  file=sys.stderr)
     continuations = make()
     if path is not None:
         with explained("cannot write replay references", Path(path).parent, REFERENCES_TODO):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps({"key": key, "continuations": continuations}), "replay references",
+        atomic_write_text(path, seal_json({"key": key, "continuations": continuations}), "replay references",
                           REFERENCES_TODO)
     return continuations
 
@@ -107,9 +122,14 @@ REFERENCES_TODO = "free space or choose another --references"
 
 
 def _read_references(path: Path) -> dict:
-    """``{"key": str, "continuations": [[int, ...], ...]}`` from ``path``, or one line."""
+    """``{"key": str, "continuations": [[int, ...], ...]}`` from ``path``, ``{"damaged": why}`` when
+    its checksum does not match, or one line."""
     try:
-        stored = json.loads(read_text(path, "replay references"))
+        stored, problem = unseal_json(read_text(path, "replay references"))
+        if problem == UNSEALED:
+            note_once(f"replay: note: {path} carries no checksum (written by an older version); read as it is")
+        elif problem is not None:
+            return {"damaged": problem}
     except UserFacingError:
         raise
     except (ValueError, RecursionError) as err:

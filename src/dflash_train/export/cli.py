@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_train.files import SealMismatch, note, read_sealed_json
 from dflash_train.models.config import DrafterConfig
 from dflash_train.run_folder import (
     COMPLETE,
@@ -83,11 +84,20 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def _trained_target(ckpt: Path, run: Path | None) -> str | None:
     """The target a run trained against: ``target.path`` of its job config (the trainer
-    saves it in the checkpoint and in the run folder), when it still exists."""
+    saves it in the checkpoint and in the run folder), when it still exists. The checkpoint's
+    copy is covered by its ``checksums.json`` (verified before an export); the run's carries its
+    own checksum: one that does not match names no target (a note; ``--target`` names it)."""
     for folder in (ckpt, run):
         try:
-            target = json.loads((folder / CONFIG).read_text()).get("target") if folder else None
-        except (OSError, ValueError, AttributeError):
+            if folder is None:
+                continue
+            config = (json.loads((folder / CONFIG).read_text()) if folder == ckpt
+                      else read_sealed_json(folder / CONFIG, "run config"))
+            target = config.get("target")
+        except SealMismatch as err:
+            note(f"dflash-train: {err}; the target it names is not used")
+            continue
+        except (OSError, ValueError, AttributeError, RecursionError):
             continue
         if isinstance(target, dict) and isinstance(target.get("path"), str):
             path = Path(target["path"]).expanduser()

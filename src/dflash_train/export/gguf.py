@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from dflash_train.files import UserFacingError, forget_sidecar, verify_sidecar, write_sidecar
+
 ARCH = "dflash"
 GGUF_FILE = "drafter.gguf"  # written into the serving folder by ``export --gguf``
 # keys we write that llama.cpp's converter leaves out (llama.cpp reads them; their defaults differ
@@ -265,6 +267,17 @@ def _field_value(field_, vtype, gguf):
     return field_.parts[field_.data[0]].tolist()[0]
 
 
+def check_gguf(path: str | os.PathLike, what: str = "GGUF") -> Path:
+    """``path`` verified against the ``.sha256`` we wrote beside it (``files.write_sidecar``), before
+    our reader or llama.cpp reads it: a GGUF whose bytes changed but whose header still parses would
+    serve wrong weights. A mismatch is one line naming the file; a GGUF without one (not written
+    by us, or by an older version) is read as it is."""
+    problem = verify_sidecar(path)
+    if problem is not None:
+        raise UserFacingError(f"{what} {path} {problem}; write it again (export --gguf, llama-cpp convert)")
+    return Path(path)
+
+
 def read_target_gguf(path: str | os.PathLike) -> TargetGguf:
     """Read the target GGUF's architecture, shape and every ``tokenizer.*`` key."""
     import gguf
@@ -273,6 +286,7 @@ def read_target_gguf(path: str | os.PathLike) -> TargetGguf:
     if not path.is_file():
         raise FileNotFoundError(f"target GGUF {path} not found (convert the target first: "
                                 f"dflash-train llama-cpp convert MODEL_FOLDER target.gguf)")
+    check_gguf(path, "target GGUF")
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as err:  # a truncated or foreign file: one line naming it
@@ -361,9 +375,10 @@ def write_drafter_gguf(serving_dir: str | os.PathLike, target_gguf: str | os.Pat
     """
     import gguf
 
-    from dflash_train.export.serving import CONFIG_FILE, _read_json, _read_weights
+    from dflash_train.export.serving import CONFIG_FILE, _read_json, _read_weights, verify_export
 
     folder = Path(serving_dir)
+    verify_export(folder)
     config = _read_json(folder / CONFIG_FILE)
     source = str(folder / CONFIG_FILE)
     arch = serving_architecture(config, source)
@@ -400,7 +415,9 @@ def write_drafter_gguf(serving_dir: str | os.PathLike, target_gguf: str | os.Pat
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        forget_sidecar(out)  # the old file's checksum must not outlive it
         os.replace(tmp, out)
+        write_sidecar(out, "GGUF checksum", "free space or choose another folder")
     except OSError as err:
         raise OSError(f"cannot write {out}: {err.strerror or err}; free space or choose another folder") from None
     finally:

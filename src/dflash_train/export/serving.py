@@ -40,7 +40,18 @@ from typing import Any
 
 import torch
 
-from dflash_train.files import explained, note, read_text, staged_folder, sweep_stale_temps
+from dflash_train.files import (
+    CHECKSUMS,
+    UserFacingError,
+    atomic_write_text,
+    explained,
+    file_checksums,
+    note,
+    read_text,
+    staged_folder,
+    sweep_stale_temps,
+    verify_checksums,
+)
 from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
 from dflash_train.models.drafter import KINDS, DFlashDrafter, kind_of
 from dflash_train.models.kinds import get_kind, kind_source
@@ -479,7 +490,21 @@ def export_drafter(
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         _check_written(tmp, cfg)
+        atomic_write_text(tmp / CHECKSUMS, json.dumps(file_checksums(tmp), indent=1), "export checksums")
     return out
+
+
+def verify_export(folder: str | os.PathLike) -> None:
+    """The exported folder's files against the ``checksums.json`` the export wrote last, before our
+    loader, llama.cpp's GGUF writer or vLLM reads them: weights whose bytes changed but still parse
+    would serve silently wrong drafts. A mismatch is one line naming the file. A folder without it
+    (a published drafter, an older export) is read as it is. The engines never read the extra
+    file: vLLM and SGLang read ``config.json`` and ``*.safetensors``, llama.cpp's converter those
+    and the tokenizer's files."""
+    problem = verify_checksums(Path(folder), missing_ok=True)
+    if problem is not None:
+        raise UserFacingError(f"exported drafter {folder}: {problem}; export it again (a file edited on purpose: "
+                              f"remove {CHECKSUMS})")
 
 
 def _check_written(folder: Path, cfg: DrafterConfig) -> None:
@@ -628,4 +653,6 @@ def load_drafter_folder(
         cfg = check_against_target(cfg, target_facts_or_target, f"drafter {folder}")
     state = _read_weights(folder)
     weights = folder / WEIGHTS_FILE if (folder / WEIGHTS_FILE).is_file() else folder / WEIGHTS_INDEX_FILE
-    return build_drafter(cfg, state, str(weights), device=device, dtype=dtype), cfg
+    drafter = build_drafter(cfg, state, str(weights), device=device, dtype=dtype)
+    verify_export(folder)  # after the format checks (their own lines), before the drafter is handed out
+    return drafter, cfg

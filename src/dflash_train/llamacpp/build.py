@@ -12,7 +12,9 @@ machine shares one build and a new pin builds anew::
         sdist/     the downloaded sdist
         src/       its extracted tree (llama.cpp/ inside: convert_hf_to_gguf.py, gguf-py/)
         build/bin/ the programs and their shared libraries
-        BUILT      JSON: options, seconds, date (written last: a build without it is redone)
+        BUILT      JSON: options, seconds, date, the sha256 of every file in build/bin/ (written
+                   last: a build without it is redone; a program whose bytes no longer match is
+                   relinked, said in one line, when the build is used or asked for again)
         lock       flock: a second build waits for the first instead of racing it
 
 ``-DGGML_NATIVE=OFF`` builds for AVX2 rather than for this very CPU: a native build stopped with
@@ -31,7 +33,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from dflash_train.engine_setup import done_before, locked, run_logged
+from dflash_train.engine_setup import FILES, damaged_files, done_before, file_record, locked, run_logged
+from dflash_train.files import forget_sidecar, note, note_once, write_sidecar
 from dflash_train.llamacpp import LLAMA_CPP_PACKAGE, LLAMA_CPP_VERSION, LlamaCppError
 
 TARGETS = ("llama-speculative-simple", "llama-completion", "llama-server")
@@ -65,7 +68,38 @@ def find_binaries(explicit: str | os.PathLike | None = None) -> dict[str, Path]:
     if missing or (not chosen and not (cache_dir() / "BUILT").is_file()):
         raise FileNotFoundError(f"llama.cpp programs not found in {folder} (missing: {', '.join(missing) or 'BUILT'}); "
                                 f"{BUILD_HINT}")
+    if not chosen:
+        _verify_cached()
     return found
+
+
+_verified: set[Path] = set()  # cached builds whose files matched BUILT in this process (hashed once)
+
+
+def _verify_cached() -> None:
+    """The cached build's files against the sha256 in ``BUILT``, once per process (about 20 MB);
+    a damaged one is relinked by :func:`build` (one line). A build whose ``BUILT`` predates the
+    checksums is used as it is (a note once)."""
+    root = cache_dir()
+    if root in _verified:
+        return
+    try:
+        record = json.loads((root / "BUILT").read_text())
+    except (OSError, ValueError, RecursionError):
+        record = {}
+    bad = damaged_files(root, record) if isinstance(record, dict) else None
+    if bad is None:
+        note_once(f"llama-cpp: note: {root / 'BUILT'} records no checksums (built by an older version); the build "
+                  f"is used as it is (`dflash-train llama-cpp build --force` records them)")
+    elif bad:
+        build(echo=note)
+    _verified.add(root)
+
+
+def _bin_files(root: Path) -> list[Path]:
+    """The regular files of the build's ``bin/`` (programs, shared libraries; not the links to them)."""
+    folder = root / "build" / "bin"
+    return [p for p in folder.iterdir() if p.is_file() and not p.is_symlink()]
 
 
 def _locked(path: Path):
@@ -108,7 +142,14 @@ def build(jobs: int | None = None, force: bool = False, sdist: str | None = None
     stamp = root / "BUILT"
     with _locked(root / "lock"):
         record = done_before(stamp, force)
-        if record is not None:
+        bad = damaged_files(root, record) if record is not None else None
+        if bad:
+            echo(f"llama-cpp: {len(bad)} file(s) of the build in {root} do not match the sha256 recorded in BUILT "
+                 f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}): their bytes changed; relinking them")
+            for name in bad:
+                (root / name).unlink(missing_ok=True)
+            stamp.unlink(missing_ok=True)
+        elif record is not None:
             echo(f"llama-cpp: build {LLAMA_CPP_VERSION} already in {root / 'build' / 'bin'} "
                  f"(built in {record.get('seconds', 0) / 60:.1f} min)")
             return record
@@ -126,7 +167,9 @@ def build(jobs: int | None = None, force: bool = False, sdist: str | None = None
                   "jobs": jobs, "seconds": round(time.perf_counter() - started, 1),
                   "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         find_binaries(root / "build")  # all three are there
+        record[FILES] = file_record(root, _bin_files(root))
         stamp.write_text(json.dumps(record, indent=2) + "\n")
+        _verified.add(root)
         echo(f"llama-cpp: built in {record['seconds'] / 60:.1f} min: {root / 'build' / 'bin'}")
         return record
 
@@ -149,6 +192,7 @@ def convert_with_llamacpp(model: str | os.PathLike, out: str | os.PathLike, outt
         import sentencepiece  # noqa: F401
     except ImportError:
         raise LlamaCppError("llama.cpp's converter imports sentencepiece: pip install sentencepiece") from None
+    forget_sidecar(out)  # the file is replaced: its old checksum must not outlive it
     cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model), "--outtype", outtype, "--outfile", str(out)]
     if target_model_dir is not None:
         cmd += ["--target-model-dir", str(target_model_dir)]
@@ -158,6 +202,7 @@ def convert_with_llamacpp(model: str | os.PathLike, out: str | os.PathLike, outt
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
         raise LlamaCppError(f"llama.cpp's convert_hf_to_gguf.py failed on {model} (exit {done.returncode}):\n{tail}")
+    write_sidecar(out, "GGUF checksum")  # verified before the GGUF is read back (export.gguf.check_gguf)
     return Path(out)
 
 

@@ -52,7 +52,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from dflash_train.faultpoints import reached
-from dflash_train.files import UserFacingError, describe_os_error, read_text
+from dflash_train.files import (
+    SealMismatch,
+    UserFacingError,
+    describe_os_error,
+    note,
+    read_sealed_json,
+    read_text,
+)
 from dflash_train.run_folder import (
     CHECKSUMS,
     COMPLETE,
@@ -389,10 +396,15 @@ def resolve_resume(resume: str | None, run_dir: Path, echo=print) -> Path | None
 
 
 def summary_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint ``summary.json`` names (never pruned), if any."""
+    """The checkpoint ``summary.json`` names (never pruned), if any. One whose checksum does not
+    match names none (a note): the newest ``keep_last`` are kept anyway, and a damaged name must
+    not protect, or stand for, another folder."""
     try:
-        named = json.loads((Path(run_dir) / SUMMARY).read_text()).get("checkpoint")
-    except (OSError, ValueError, AttributeError):
+        named = read_sealed_json(Path(run_dir) / SUMMARY, "run summary").get("checkpoint")
+    except SealMismatch as err:
+        note(f"dflash-train: {err}; no checkpoint is kept for its sake")
+        return None
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return Path(named).resolve() if isinstance(named, str) else None
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.files import explained, write_figure
 from dflash_train.run_folder import METRICS
+from dflash_train.train.tracking.jsonl import check_line, report_lines
 
 PLOT_TODO = "free space or choose another --out"
 
@@ -42,8 +43,10 @@ def read_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _records(path: Path, data: bytes):
-    """``(line number, object)`` for each complete non-empty line; a bad one is one line."""
+    """``(line number, object)`` for each complete non-empty line; a bad one is one line, one
+    whose checksum does not match (its bytes changed, still JSON) is dropped with a counted note."""
     lines = data.split(b"\n")
+    bad, old = [], []
     for number, raw in enumerate(lines[:-1], 1):  # lines[-1]: b"" or the torn last line
         try:
             line = raw.decode("utf-8")
@@ -52,12 +55,16 @@ def _records(path: Path, data: bytes):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            json.loads(line)
         except (ValueError, RecursionError) as err:
             raise ValueError(f"{path}:{number}: not JSON ({getattr(err, 'msg', 'nested too deeply')})") from None
+        record = check_line(line, path, number, bad, old)  # a checksum mismatch: dropped, counted
+        if record is None:
+            continue
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: not a JSON object")
         yield number, record
+    report_lines(path, bad, old)
 
 
 def _point(path: Path, number: int, record: dict, key: str) -> tuple[int, float]:

@@ -7,15 +7,15 @@ and in many.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from dflash_train.config import JobConfig, TargetConfig
 from dflash_train.data import DataConfig
+from dflash_train.data.cache import rebuilt_entries
 from dflash_train.data.readers import resolve_files
 from dflash_train.devices import resolve_device
-from dflash_train.files import atomic_write_text, unwritable
+from dflash_train.files import atomic_write_text, seal_json, unwritable
 from dflash_train.run_folder import CHECKPOINTS, CONFIG, SUMMARY
 from dflash_train.run_lock import hold_run_folder
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
@@ -53,12 +53,13 @@ def write_run_config(trainer: Trainer) -> None:
         return
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     resolved = {**trainer.cfg.to_dict(), "drafter_resolved": trainer.drafter_cfg.to_dict()}
-    atomic_write_text(trainer.run_dir / CONFIG, json.dumps(resolved, indent=1), "run config", RUN_DIR_TODO)
+    atomic_write_text(trainer.run_dir / CONFIG, seal_json(resolved, indent=1), "run config", RUN_DIR_TODO)
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    """``summary.json``, atomically: a failed write leaves the previous one and is one line."""
-    atomic_write_text(Path(run_dir) / SUMMARY, json.dumps(summary, indent=1), "run summary", RUN_DIR_TODO)
+    """``summary.json``, atomically: a failed write leaves the previous one and is one line. It
+    carries its checksum (``files.seal_json``): the pruning reads back the checkpoint it names."""
+    atomic_write_text(Path(run_dir) / SUMMARY, seal_json(summary, indent=1), "run summary", RUN_DIR_TODO)
 
 
 def tokenize_before_target(data: DataConfig, target: TargetConfig, block_size: int) -> None:
@@ -139,6 +140,7 @@ def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=prin
     they are closed however the job ends.
     """
     is_main = ranks is None or ranks.is_main
+    rebuilt_before = rebuilt_entries()
     # a target passed in (the distributed layer, tests) was loaded already: nothing to gain
     resume = preflight(cfg, echo if is_main else (lambda *a, **k: None), tokenize=target is None)
     tracking = Tracking()  # other ranks log nowhere
@@ -158,7 +160,7 @@ def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=prin
             summary["tau_before"] = heldout_tau(trainer, evaluator)
         result = trainer.run(StepEnd(trainer, evaluator, summary))
         trainer.ranks.expect_long("saving the final checkpoint, final evaluation")
-        final = _finish(trainer, result, earlier, evaluator, summary)
+        final = _finish(trainer, result, earlier, evaluator, summary, rebuilt_entries() - rebuilt_before)
     finally:
         tracking.close()
     if result["stopped_early"]:
@@ -167,9 +169,11 @@ def _train(cfg: JobConfig, target=None, ranks: RankInfo | None = None, echo=prin
     return summary
 
 
-def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summary: dict) -> Path:
+def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summary: dict,
+            cache_rebuilt: int = 0) -> Path:
     """The final checkpoint, evaluation and ``summary.json``; returns the checkpoint. A signal here
-    lets what is in flight finish and skips the final evaluation: the run's policy holds to the end."""
+    lets what is in flight finish and skips the final evaluation: the run's policy holds to the end.
+    ``cache_rebuilt``: the corrupt data-cache entries rebuilt during the run (said at the end)."""
     late: list[str] = []
 
     def finish_in_flight(name: str) -> None:
@@ -183,6 +187,10 @@ def _finish(trainer: Trainer, result: dict, earlier: list[dict], evaluator, summ
         summary.update(steps=trainer.counters.step, checkpoint=str(final), stopped_early=result["stopped_early"])
         if trainer.counters.bad_steps:
             summary["bad_steps"] = trainer.counters.bad_steps
+        if cache_rebuilt:
+            summary["cache_entries_rebuilt"] = cache_rebuilt
+            trainer.echo(f"data cache: {cache_rebuilt} corrupt entr{'y' if cache_rebuilt == 1 else 'ies'} rebuilt "
+                         f"during this run (their bytes had changed; see the notes above)")
         summary.update(result.get("sources", {}))  # the feature cache's or store's report
         if evaluator is not None and not result["stopped_early"] and not late:
             summary["tau_after"] = heldout_tau(trainer, evaluator)

