@@ -1,4 +1,4 @@
-"""Experiment tracking (``train/tracking/``): real runs logged to metrics.jsonl, TensorBoard,
+"""Experiment tracking (``tracking/``): real runs logged to metrics.jsonl, TensorBoard,
 wandb (offline) and MLflow (SQLite), resumed, and every backend read back with its own reader.
 
 No network: wandb runs in offline mode and is read back from the ``.wandb`` file it writes
@@ -23,12 +23,12 @@ from testkit import tiny_chat_job, tiny_chat_target
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.distributed.launch import run
 from dflash_train.run_folder import METRICS, TENSORBOARD, TRACKING
+from dflash_train.tracking import registry
+from dflash_train.tracking.base import SinkSettings, SinkUnavailable, Tracking
+from dflash_train.tracking.mlflow import params
 from dflash_train.train import trainer as trainer_module
 from dflash_train.train.loop import train
 from dflash_train.train.timings import Timings
-from dflash_train.train.tracking import registry
-from dflash_train.train.tracking.base import SinkSettings, SinkUnavailable, Tracking
-from dflash_train.train.tracking.mlflow import params
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "assets" / "smollm2"

@@ -9,8 +9,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def register(subparsers) -> None:
+    from dflash_train.cli_types import nonnegative_float, nonnegative_int, positive_int, probability
     from dflash_train.decoding.skinny import LINEAR_MODES
-    from dflash_train.eval.flags import nonnegative_float, nonnegative_int, positive_int, probability
 
     p = subparsers.add_parser(
         "eval",

@@ -288,6 +288,25 @@ def register_kind(kind: DrafterKind) -> DrafterKind:
 register_kind(DrafterKind())
 
 
+# the files of an exported (serving) drafter folder, as Hugging Face names them
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class _ServingKeys:
+    """A serving config dict seen as the object with attributes that ``kind_of`` reads."""
+
+    def __init__(self, config):
+        self.architectures = config.get("architectures")
+        self.kind = None
+
+
+def serving_kind(config) -> DrafterKind:
+    """The kind of a serving ``config.json`` dict, by its ``architectures`` (its ``kind`` key, if any,
+    is not read)."""
+    return kind_of(_ServingKeys(config))
+
+
 def kind_of(config) -> DrafterKind:
     """The kind a config describes: our ``kind`` field, else a serving config's ``architectures``."""
     name = _cfg(config, "kind", None)

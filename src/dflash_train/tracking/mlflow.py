@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from dflash_train.train.tracking.base import SinkUnavailable, one_line, save_run, saved_run, scalars
+from dflash_train.tracking.base import SinkUnavailable, one_line, save_run, saved_run, scalars
 
 DEFAULT_EXPERIMENT = "dflash-train"
 PARAMS_PER_CALL = 100  # MLflow's limit on params (and tags) in one log_batch

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dflash_train.train.tracking.base import (
+from dflash_train.tracking.base import (
     SinkUnavailable,
     one_line,
     save_run,

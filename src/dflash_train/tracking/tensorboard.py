@@ -13,7 +13,7 @@ from pathlib import Path
 from dflash_train.faultpoints import reached
 from dflash_train.files import explained
 from dflash_train.run_folder import TENSORBOARD
-from dflash_train.train.tracking.base import WRITE_TODO, scalars
+from dflash_train.tracking.base import WRITE_TODO, scalars
 
 
 def _writer(folder: Path, **kwargs):

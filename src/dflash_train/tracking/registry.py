@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib
 
 BACKENDS = {
-    "jsonl": "dflash_train.train.tracking.jsonl:JsonlSink",
-    "tensorboard": "dflash_train.train.tracking.tensorboard:TensorBoardSink",
-    "wandb": "dflash_train.train.tracking.wandb:WandbSink",
-    "mlflow": "dflash_train.train.tracking.mlflow:MlflowSink",
+    "jsonl": "dflash_train.tracking.jsonl:JsonlSink",
+    "tensorboard": "dflash_train.tracking.tensorboard:TensorBoardSink",
+    "wandb": "dflash_train.tracking.wandb:WandbSink",
+    "mlflow": "dflash_train.tracking.mlflow:MlflowSink",
 }
 RECORD = "jsonl"  # metrics.jsonl: always on (resume and the summary read it), listed or not
+DEFAULT_LOGGERS = ("jsonl", "tensorboard")  # train.loggers' default (config.py)
 
 
 def check_names(loggers) -> None:
@@ -35,6 +36,10 @@ def selected(loggers) -> list[str]:
     return [RECORD] + [name for name in loggers if name != RECORD]
 
 
+def _loggers(settings) -> list[str]:
+    return list(DEFAULT_LOGGERS) if settings.train is None else settings.train.loggers
+
+
 def backend(name: str) -> type:
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
@@ -43,18 +48,18 @@ def backend(name: str) -> type:
 def check_loggers(settings) -> None:
     """Every selected backend's ``check`` (a ``SinkUnavailable`` line for the first that cannot
     start): what ``torchrun`` jobs run on rank 0 before any rank loads the target."""
-    for name in selected(settings.train.loggers):
+    for name in selected(_loggers(settings)):
         backend(name).check(settings)
 
 
 def open_tracking(settings, warn=print):
     """Check and open every selected backend (``base.SinkSettings``): the fan-out of their sinks.
     One that cannot start is a ``SinkUnavailable`` line, the ones opened before it closed again."""
-    from dflash_train.train.tracking.base import Tracking
+    from dflash_train.tracking.base import Tracking
 
     opened = Tracking([], warn)
     try:
-        for name in selected(settings.train.loggers):
+        for name in selected(_loggers(settings)):
             cls = backend(name)
             cls.check(settings)
             opened.sinks.append(cls(settings))

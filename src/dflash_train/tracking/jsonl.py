@@ -14,7 +14,7 @@ from pathlib import Path
 from dflash_train.faultpoints import reached
 from dflash_train.files import atomic_write_text, explained
 from dflash_train.run_folder import METRICS
-from dflash_train.train.tracking.base import WRITE_TODO
+from dflash_train.tracking.base import WRITE_TODO
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
