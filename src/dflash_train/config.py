@@ -25,7 +25,7 @@ from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.config import ObjectiveConfig
-from dflash_train.tracking.registry import DEFAULT_LOGGERS, check_names
+from dflash_train.tracking.registry import DEFAULT_LOGGERS, check_config
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -265,11 +265,8 @@ class TrainConfig:
                                  "train.fsdp_target need them; use drafter_init=random, fsdp_target=false")
 
     def _validate_loggers(self) -> None:
-        """Known backends, each once; the wandb mode one wandb knows."""
-        check_names(self.loggers)
-        if self.wandb_mode not in (None, "online", "offline", "disabled"):
-            raise ValueError(f"train.wandb_mode must be online, offline, disabled or null, "
-                             f"got {self.wandb_mode!r}")
+        """Known backends, each once; each backend's own keys (tracking/: the wandb mode one wandb knows)."""
+        check_config(self)
 
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,

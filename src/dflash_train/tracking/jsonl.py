@@ -46,6 +46,11 @@ class JsonlSink:
 
     name = "jsonl"
     required = True
+    resumable = ()  # no keys of its own (RUN/metrics.jsonl)
+
+    @staticmethod
+    def check_config(train) -> None:
+        """No keys of its own."""
 
     @classmethod
     def check(cls, settings) -> None:

@@ -80,6 +80,12 @@ def _last_step(client, run_id: str) -> int:
 class MlflowSink:
     name = "mlflow"
     required = False
+    # its keys (config.TrainConfig); where the records go, not what trains: each may change on a resume
+    resumable = ("train.mlflow_tracking_uri", "train.mlflow_experiment")
+
+    @staticmethod
+    def check_config(train) -> None:
+        """Nothing to check before the store opens (``check``)."""
 
     @classmethod
     def check(cls, settings) -> None:

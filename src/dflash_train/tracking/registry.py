@@ -1,8 +1,11 @@
 """The backends by name (``train.loggers``), and opening the ones a job names.
 
-Names map to ``module:Class`` strings so that checking a config imports no backend (and no
-optional package); a backend's module is imported when a job uses it. A fifth backend is one
-module in this package, one line here, and its tests.
+Names map to ``module:Class`` strings; a backend's module is imported when it is asked for. Each
+backend declares, in its own module, what ``config.py`` and ``train/checkpoint.py`` ask of it:
+``check_config(train)`` (its keys' values, when a config is read) and ``resumable`` (its keys that may
+change on a resume). Those modules import no optional package (``wandb``, ``mlflow``) until a
+backend is checked or opened. A fifth backend is one module in this package, one line here, and its
+tests (its keys are still fields of ``config.TrainConfig``, and its package an extra in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -43,6 +46,21 @@ def _loggers(settings) -> list[str]:
 def backend(name: str) -> type:
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def check_config(train) -> None:
+    """What ``config.TrainConfig`` checks of ``train.loggers`` and of every backend's keys (each
+    backend's ``check_config``, listed or not): a ``ValueError`` naming the key."""
+    check_names(train.loggers)
+    for name in BACKENDS:
+        backend(name).check_config(train)
+
+
+def resumable_keys() -> set[str]:
+    """The config keys of tracking that may change on a resume (``train/checkpoint.py``): where the
+    records go, never what trains. ``train.tensorboard``: ``train.loggers``' predecessor, in older
+    checkpoints' configs."""
+    return {"train.loggers", "train.tensorboard"} | {key for name in BACKENDS for key in backend(name).resumable}
 
 
 def check_loggers(settings) -> None:

@@ -26,6 +26,11 @@ def _writer(folder: Path, **kwargs):
 class TensorBoardSink:
     name = "tensorboard"
     required = False
+    resumable = ()  # no keys of its own (RUN/tensorboard)
+
+    @staticmethod
+    def check_config(train) -> None:
+        """No keys of its own."""
 
     @classmethod
     def check(cls, settings) -> None:
