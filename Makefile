@@ -40,6 +40,7 @@ test: venv assets llama-cpp vllm
 
 lint: venv
 	$(VENV)/bin/ruff check src tests scripts
+	$(PY) scripts/import_graph.py .  # no import cycles, no upward arrows between layers (issue 59)
 
 clean:
 	rm -rf $(VENV) runs/demo

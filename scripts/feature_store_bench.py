@@ -45,7 +45,7 @@ def run_overrides(mode: str, out: Path, epochs: float) -> list[str]:
 
 def dump_store(recipe: str, overrides: list[str], out: Path, kind: str) -> dict:
     from dflash_train.config import load_config
-    from dflash_train.features.writer import dump
+    from dflash_train.distributed.feature_job import dump
 
     cfg = load_config(recipe, overrides)
     started = time.perf_counter()

@@ -51,8 +51,8 @@ def random_serving_folder(kind: str, smollm2_path: Path, out: Path, **config) ->
 
 def write_answers(smollm2_path: Path, path: Path) -> Path:
     """SmolLM2's own greedy answers to :data:`PROMPTS`, as a chat file to train on."""
+    from dflash_train.data.prompts import encode_prompts
     from dflash_train.decoding.speculative import target_generate
-    from dflash_train.eval.prompts import encode_prompts
     from dflash_train.models.target import Target
 
     target = Target.load(str(smollm2_path), dtype=torch.float32, device="cpu")

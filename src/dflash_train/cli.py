@@ -31,7 +31,7 @@ COMMANDS = [
     "dflash_train.bench.generate",
     "dflash_train.bench.fp8_features",
     "dflash_train.distributed.cli",
-    "dflash_train.features.cli",
+    "dflash_train.distributed.feature_job",
     "dflash_train.config_cli",
     "dflash_train.assets",
     "dflash_train.llamacpp.build",

@@ -4,6 +4,11 @@ A flag out of range (``eval --limit 0`` evaluated anyway, issue 39) is refused b
 work, in one line that names the flag: argparse puts the flag in front of the message
 (``argument --limit: must be an integer >= 1, got 0``) and ``cli.OneLineParser`` prints it
 without the usage block. NaN and infinities are refused for every float type.
+
+The one home of these types (``eval/flags.py``, a second copy for the eval and benchmark CLIs, merged
+here; its names stay as aliases: ``at_least``, ``nonnegative_int``, ``nonnegative_float``,
+``probability``, ``float_at_least``). It sits in the lowest layer (``scripts/import_graph.py``), so
+every command module can use it.
 """
 
 from __future__ import annotations
@@ -70,6 +75,17 @@ positive_float = float_in(0.0, low_open=True)
 nonneg_float = float_in(0.0)
 fraction = float_in(0.0, 1.0, low_open=True)  # (0, 1]: e.g. top-p
 unit_interval = float_in(0.0, 1.0)  # [0, 1]
+
+# the names of the former eval/flags.py
+at_least = int_at_least
+nonnegative_int = nonneg_int
+nonnegative_float = nonneg_float
+probability = fraction  # (0, 1]: a top-p
+
+
+def float_at_least(low: float) -> Callable[[str], float]:
+    """Finite floats >= ``low``."""
+    return float_in(low)
 
 
 def register_tool(sub, name: str, help: str, doc: str, add_arguments: Callable, run: Callable):

@@ -25,7 +25,7 @@ from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.config import ObjectiveConfig
-from dflash_train.train.tracking.registry import check_names
+from dflash_train.tracking.registry import DEFAULT_LOGGERS, check_config
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -151,11 +151,11 @@ class TrainConfig:
     compile_artifacts: str | None = None  # a compile-artifacts.bin from another run: start warm
     activation_checkpointing: bool = False  # recompute drafter layers in backward (long context)
     log_every: int = 10  # steps between metric lines
-    # Where the metric records go (train/tracking/): jsonl (RUN/metrics.jsonl, always on even when left
+    # Where the metric records go (tracking/): jsonl (RUN/metrics.jsonl, always on even when left
     # out: the resume and the summary read it), tensorboard (RUN/tensorboard), wandb, mlflow (pip install
     # dflash-train[wandb] / [mlflow]). Only the main rank logs; a backend that cannot start stops the run
     # before the target loads, one that fails mid-run is a warning and is dropped
-    loggers: list[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
     wandb_project: str | None = None  # the wandb project (null: $WANDB_PROJECT, else dflash-train)
     wandb_entity: str | None = None  # the wandb team or user (null: your default entity)
     # online, offline (no network; `wandb sync` uploads later) or disabled; null: $WANDB_MODE, else online
@@ -287,11 +287,8 @@ class TrainConfig:
                                  "train.fsdp_target need them; use drafter_init=random, fsdp_target=false")
 
     def _validate_loggers(self) -> None:
-        """Known backends, each once; the wandb mode one wandb knows."""
-        check_names(self.loggers)
-        if self.wandb_mode not in (None, "online", "offline", "disabled"):
-            raise ValueError(f"train.wandb_mode must be online, offline, disabled or null, "
-                             f"got {self.wandb_mode!r}")
+        """Known backends, each once; each backend's own keys (tracking/: the wandb mode one wandb knows)."""
+        check_config(self)
 
     def _validate_fp8_drafter(self) -> None:
         """FP8 GEMMs need FP8 tensor cores: the CPU has none (its exact emulation exists for tests,

@@ -286,6 +286,24 @@ def read_text(path: str | Path, what: str = "file", max_bytes: int | None = None
                               f"{err.start}; save it as UTF-8") from None
 
 
+
+def read_json(path: str | Path) -> dict:
+    """A JSON object file (a model folder's ``config.json``, ...): ``FileNotFoundError`` when missing,
+    ``ValueError`` naming it when it is not a JSON object; read through :func:`read_text` (64 MiB cap)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        raise FileNotFoundError(f"{path} not found")
+    text = read_text(path, "file", max_bytes=64 << 20)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
 def write_figure(fig, path: str | Path, what: str, todo: str = "", dpi: int = 100) -> Path:
     """A matplotlib figure as a PNG: rendered in memory (the figure closed either way), then
     written atomically, so a failure is one line naming ``path`` and an earlier plot stays intact."""

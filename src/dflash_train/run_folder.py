@@ -13,7 +13,7 @@ drift between the writer and a reader::
       compile-artifacts.bin       torch.compile's portable cache (train/compilation.py)
       tensorboard/                event files (train.loggers: tensorboard)
       tracking.json               the run ids of the tracking backends (wandb, mlflow), so a resume
-                                  continues the same tracked run (train/tracking/)
+                                  continues the same tracked run (tracking/)
       wandb/                      wandb's own run folders (train.loggers: wandb, train.wandb_dir unset)
       checkpoints/step-00000120/  one checkpoint (train/checkpoint.py lists what it holds):
         config.json               the job config again, so a checkpoint stands alone
@@ -46,6 +46,7 @@ TENSORBOARD = "tensorboard"
 TRACKING = "tracking.json"
 CHECKPOINTS = "checkpoints"
 LOCK = "run.lock"
+WRITE_TODO = "free space or set train.run_dir elsewhere"  # the advice of a failed write in the run folder
 
 DRAFTER_CONFIG = "drafter_config.json"
 DRAFTER_WEIGHTS = "drafter.safetensors"

@@ -10,7 +10,7 @@ import pytest
 
 from dflash_train.data.builders.offline_data import heldout_prompts_path
 from dflash_train.data.prompt_sets import prompt_set_path, resolve_prompts
-from dflash_train.eval.prompts import read_prompts
+from dflash_train.data.prompts import read_prompts
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dflash_train"
 

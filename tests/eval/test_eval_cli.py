@@ -12,9 +12,9 @@ from serving_helpers import write_serving_folder
 from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train.cli import main
+from dflash_train.data.prompts import read_prompts, record_prompt
 from dflash_train.decoding.speculative import GenResult
 from dflash_train.eval.evaluate import compare_greedy, evaluate, format_table
-from dflash_train.eval.prompts import read_prompts, record_prompt
 from dflash_train.models.target import Target
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / "assets" / "smollm2"

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from dflash_train.eval.flags import at_least, float_at_least, nonnegative_float, positive_int, probability
+from dflash_train.cli_types import at_least, float_at_least, nonnegative_float, positive_int, probability
 
 EVAL = ["eval", "--target", "t", "--drafter", "d", "--prompts", "p"]
 
@@ -46,7 +46,7 @@ def test_eval_refuses_out_of_range_numbers(flag, value, capsys):
 
 def test_read_prompts_refuses_a_limit_below_one(tmp_path):
     """The library side of ``--limit 0``: 0 is not "all" (None is)."""
-    from dflash_train.eval.prompts import read_prompts
+    from dflash_train.data.prompts import read_prompts
 
     path = tmp_path / "p.txt"
     path.write_text("a\nb\n")

@@ -22,11 +22,11 @@ from testkit import tiny_drafter, tiny_qwen3
 
 from dflash_train import files
 from dflash_train.data.errors import SkipReport
+from dflash_train.data.prompts import read_prompts
 from dflash_train.data.readers import read_records, resolve_files
 from dflash_train.data.regenerate import run_regenerate
 from dflash_train.decoding.generators import Generation, Generator, SamplingParams
 from dflash_train.eval.evaluate import write_report
-from dflash_train.eval.prompts import read_prompts
 from dflash_train.export.cli import read_training_artifact
 from dflash_train.export.serving import export_drafter
 from dflash_train.models.target import Target
@@ -41,11 +41,11 @@ from dflash_train.run_folder import (
     TRACKING,
     file_checksums,
 )
+from dflash_train.tracking.base import SinkSettings, save_run
+from dflash_train.tracking.jsonl import JsonlSink, read_metrics
 from dflash_train.train.checkpoint import PARTS, CheckpointManager
 from dflash_train.train.compilation import load_artifacts, save_artifacts, save_artifacts_or_warn
 from dflash_train.train.loop import write_run_config, write_summary
-from dflash_train.train.tracking.base import SinkSettings, save_run
-from dflash_train.train.tracking.jsonl import JsonlSink, read_metrics
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_a_sealed_json_text_catches_a_changed_digit_and_older_texts_still_load()
 
 # -- 60.4 metrics.jsonl ----------------------------------------------------------------------------
 def _metrics_run(tmp_path) -> tuple[Path, object]:
-    from dflash_train.train.tracking.jsonl import JsonlSink
+    from dflash_train.tracking.jsonl import JsonlSink
 
     sink = JsonlSink(types.SimpleNamespace(run_dir=tmp_path))
     for step, loss in ((1, 2.5), (2, 1.5), (3, 0.5)):
@@ -72,8 +72,8 @@ def _metrics_run(tmp_path) -> tuple[Path, object]:
 
 
 def test_a_metrics_line_changed_after_it_was_appended_is_dropped_and_counted(tmp_path, capsys):
+    from dflash_train.tracking.jsonl import read_metrics
     from dflash_train.train.curve import read_curve
-    from dflash_train.train.tracking.jsonl import read_metrics
 
     path, sink = _metrics_run(tmp_path)
     assert [r["loss"] for r in read_metrics(tmp_path)] == [2.5, 1.5, 0.5]  # the happy path
@@ -92,7 +92,7 @@ def test_a_metrics_line_changed_after_it_was_appended_is_dropped_and_counted(tmp
 
 
 def test_metrics_lines_without_a_checksum_still_load_with_one_note(tmp_path, capsys):
-    from dflash_train.train.tracking.jsonl import read_metrics
+    from dflash_train.tracking.jsonl import read_metrics
 
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (1, 2)))
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
@@ -137,7 +137,7 @@ def test_a_summary_changed_after_it_was_written_protects_no_checkpoint(tmp_path,
 
 # -- 60.7 RUN/tracking.json ---------------------------------------------------------------------------
 def test_a_tracking_id_changed_after_it_was_written_starts_a_new_tracked_run(tmp_path, capsys):
-    from dflash_train.train.tracking.base import save_run, saved_run
+    from dflash_train.tracking.base import save_run, saved_run
 
     save_run(tmp_path, "wandb", {"id": "run4711", "project": "p"})
     save_run(tmp_path, "mlflow", {"run_id": "abc"})  # the other entry kept, one checksum for the file

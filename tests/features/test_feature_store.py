@@ -11,9 +11,9 @@ import torch
 from testkit import tiny_chat_job, tiny_chat_target
 
 from dflash_train.config import config_from_dict
+from dflash_train.distributed.feature_job import dump
 from dflash_train.features import format as fmt
 from dflash_train.features.reader import FeatureStore
-from dflash_train.features.writer import dump
 from dflash_train.files import UserFacingError
 from dflash_train.train.loop import train
 

@@ -196,7 +196,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_prompts_that_are_not_utf8_name_the_file(tmp_path):
-    from dflash_train.eval.prompts import read_prompts
+    from dflash_train.data.prompts import read_prompts
 
     bad = tmp_path / "prompts.txt"
     bad.write_bytes(b"hello\nbad \xff\xfe bytes\n")

@@ -1,4 +1,4 @@
-"""Experiment tracking (``train/tracking/``): real runs logged to metrics.jsonl, TensorBoard,
+"""Experiment tracking (``tracking/``): real runs logged to metrics.jsonl, TensorBoard,
 wandb (offline) and MLflow (SQLite), resumed, and every backend read back with its own reader.
 
 No network: wandb runs in offline mode and is read back from the ``.wandb`` file it writes
@@ -23,12 +23,12 @@ from testkit import tiny_chat_job, tiny_chat_target
 from dflash_train.config import config_from_dict, load_config
 from dflash_train.distributed.launch import run
 from dflash_train.run_folder import METRICS, TENSORBOARD, TRACKING
+from dflash_train.tracking import registry
+from dflash_train.tracking.base import SinkSettings, SinkUnavailable, Tracking
+from dflash_train.tracking.mlflow import params
 from dflash_train.train import trainer as trainer_module
 from dflash_train.train.loop import train
 from dflash_train.train.timings import Timings
-from dflash_train.train.tracking import registry
-from dflash_train.train.tracking.base import SinkSettings, SinkUnavailable, Tracking
-from dflash_train.train.tracking.mlflow import params
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "assets" / "smollm2"
@@ -367,3 +367,23 @@ def test_every_backend_is_a_sink(tmp_path):
     opened = registry.open_tracking(settings)
     assert opened.names == ["jsonl", "tensorboard"]  # the default train.loggers
     opened.close()
+
+
+def test_each_backend_declares_its_resume_rules_and_checks_its_own_keys():
+    """config.py and train/checkpoint.py ask the backends (issue 59 item 4): a backend's keys that may
+    change on a resume, and its keys' check when a config is read, live in its own module."""
+    from dflash_train.train.checkpoint import RESUMABLE_CHANGES
+
+    for name in registry.BACKENDS:
+        cls = registry.backend(name)
+        assert all(key.startswith("train.") for key in cls.resumable) and callable(cls.check_config)
+        assert set(cls.resumable) <= RESUMABLE_CHANGES
+    assert registry.resumable_keys() == {
+        "train.loggers", "train.tensorboard", "train.wandb_project", "train.wandb_entity", "train.wandb_mode",
+        "train.wandb_dir", "train.mlflow_tracking_uri", "train.mlflow_experiment"}
+    with pytest.raises(ValueError, match="train.wandb_mode must be online, offline, disabled or null"):
+        load_config("cpu-demo", ["train.wandb_mode=bogus"])  # wandb's own check, wandb listed or not
+    code = ("import sys; from dflash_train.config import load_config; load_config('cpu-demo', []); "
+            "assert not {'wandb', 'mlflow'} & set(sys.modules), 'an optional package was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -30,8 +30,8 @@ import warnings
 import torch
 
 from dflash_train.bench import kernels
+from dflash_train.cli_types import at_least, positive_float, positive_int
 from dflash_train.decoding.static import STEPS, StaticDecoder
-from dflash_train.eval.flags import at_least, positive_float, positive_int
 from dflash_train.files import atomic_write_text
 from dflash_train.models.kinds import kind_names
 

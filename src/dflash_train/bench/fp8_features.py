@@ -62,7 +62,7 @@ def _texts(args, tokenizer) -> list[str]:
 
     if not args.data:
         from dflash_train.data.prompt_sets import resolve_prompts
-        from dflash_train.eval.prompts import read_prompts
+        from dflash_train.data.prompts import read_prompts
 
         prompts = read_prompts(resolve_prompts("heldout"), limit=args.rows)
         return [render(tokenizer, p, add_generation_prompt=True) for p in prompts]

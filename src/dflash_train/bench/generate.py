@@ -14,9 +14,9 @@ import time
 
 import torch
 
+from dflash_train.cli_types import nonnegative_int, positive_int
 from dflash_train.decoding.batched import MODES, StaticCacheGenerator
 from dflash_train.decoding.generators import HFGenerator, SamplingParams
-from dflash_train.eval.flags import nonnegative_int, positive_int
 
 VARIANTS = ("", "stock", "compact")
 

@@ -108,7 +108,7 @@ def packaged_eval_prompts() -> list[str]:
 
 def prompt_lines(path: str | Path) -> list[str]:
     """A prompt file's prompts as text: a text file's lines, or each chat record's user turns."""
-    from dflash_train.eval.prompts import read_prompts
+    from dflash_train.data.prompts import read_prompts
 
     return [m["content"] for messages in read_prompts(path) for m in messages if m["role"] == "user"]
 

@@ -50,8 +50,8 @@ from dflash_train.data import BatchIterator, MicroBatch
 from dflash_train.distributed import watchdog
 from dflash_train.files import explained
 from dflash_train.models.target import Target
+from dflash_train.run_folder import WRITE_TODO
 from dflash_train.train.assembly import load_data, resolve_drafter
-from dflash_train.train.metrics import WRITE_TODO
 from dflash_train.train.parallelize import compile_target_if
 from dflash_train.train.signals import StopOnSignals
 

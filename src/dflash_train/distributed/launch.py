@@ -23,13 +23,13 @@ from dflash_train.distributed.common import AgreedRanks
 from dflash_train.distributed.disagg import FeatureReceiver, TargetServer, Topology, strip_decoder_layers
 from dflash_train.distributed.env import DistEnv, init_from_env, restart_count, shutdown
 from dflash_train.distributed.groups import Groups, build_groups
+from dflash_train.tracking.base import SinkSettings
+from dflash_train.tracking.registry import check_loggers
 from dflash_train.train.assembly import load_target
 from dflash_train.train.features import LocalFeatures, TimedFeatures
 from dflash_train.train.loop import tokenize_before_target, train
 from dflash_train.train.parallelize import DataParallel, parallelize_target
 from dflash_train.train.timings import Timings
-from dflash_train.train.tracking.base import SinkSettings
-from dflash_train.train.tracking.registry import check_loggers
 
 
 def _load_target(cfg: TargetConfig, target, device, layers: bool = True):

@@ -9,14 +9,14 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def register(subparsers) -> None:
-    from dflash_train.decoding.skinny import LINEAR_MODES
-    from dflash_train.eval.flags import (
+    from dflash_train.cli_types import (
         nonnegative_float,
         nonnegative_int,
         positive_float,
         positive_int,
         probability,
     )
+    from dflash_train.decoding.skinny import LINEAR_MODES
 
     p = subparsers.add_parser(
         "eval",

@@ -30,9 +30,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflash_train.cli_types import register_tool, tool_parser
+from dflash_train.cli_types import nonnegative_float, register_tool, tool_parser
 from dflash_train.eval.accounting import pooled_tau, prompt_tau
-from dflash_train.eval.flags import nonnegative_float
 from dflash_train.files import UserFacingError, atomic_write_text, read_text
 
 

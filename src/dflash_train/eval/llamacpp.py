@@ -523,7 +523,7 @@ def run_cli(args) -> int:
     import torch
 
     from dflash_train.export.gguf import read_target_gguf, spec_type
-    from dflash_train.export.serving import _read_json
+    from dflash_train.files import read_json
     from dflash_train.llamacpp import check_hf_target, check_target_architecture
     from dflash_train.llamacpp.build import find_binaries
 
@@ -533,7 +533,7 @@ def run_cli(args) -> int:
     binaries = find_binaries(args.llama_cpp)
     config = Path(args.target) / "config.json"
     if config.is_file():
-        check_hf_target(_read_json(config), str(config))
+        check_hf_target(read_json(config), str(config))
     out = Path(args.out)
     target_gguf = _target_gguf(args, out, echo)
     check_target_architecture(read_target_gguf(target_gguf).architecture, str(target_gguf))

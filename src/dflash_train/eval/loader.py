@@ -29,7 +29,7 @@ def load_eval_inputs(target_path, drafter_path, prompts: str, limit: int | None,
     file fails before any model loads), then the target, the drafter checked against it,
     and the prompts encoded with the target's chat template."""
     from dflash_train.data.prompt_sets import resolve_prompts
-    from dflash_train.eval.prompts import encode_prompts, read_prompts
+    from dflash_train.data.prompts import encode_prompts, read_prompts
     from dflash_train.models.target import Target
 
     texts = read_prompts(resolve_prompts(prompts), limit=limit)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_train.cli_types import positive_int
 from dflash_train.decoding.core import (
     GREEDY,
     SpecLedger,
@@ -44,7 +45,6 @@ from dflash_train.decoding.core import (
 from dflash_train.decoding.proposers import as_proposer, block_hidden, block_logits, drafter_setting
 from dflash_train.decoding.speculative import target_generate
 from dflash_train.eval.evaluate import REPORT_TODO, default_stop_token_ids, summarize
-from dflash_train.eval.flags import positive_int
 from dflash_train.files import (
     UNSEALED,
     UserFacingError,

@@ -25,9 +25,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dflash_train.cli_types import register_tool, tool_parser
+from dflash_train.cli_types import float_at_least, register_tool, tool_parser
 from dflash_train.eval.compare import load_report, parse_range, steps_tau
-from dflash_train.eval.flags import float_at_least
 from dflash_train.files import atomic_write_text, write_figure
 
 WRITE_TODO = "free space or choose another --out"

@@ -244,11 +244,11 @@ def format_table(report: dict) -> str:
 
 def drafter_kind(drafter: str | os.PathLike) -> tuple[str, int, list[str]]:
     """(kind, block size, layer types) of an exported drafter, from its ``config.json`` alone (nothing loads)."""
-    from dflash_train.export.serving import CONFIG_FILE, _Keys, _read_json
-    from dflash_train.models.drafter import kind_of
+    from dflash_train.files import read_json
+    from dflash_train.models.drafter import CONFIG_FILE, serving_kind
 
-    config = _read_json(Path(drafter) / CONFIG_FILE)
-    return kind_of(_Keys(config)).name, int(config["block_size"]), list(config.get("layer_types") or [])
+    config = read_json(Path(drafter) / CONFIG_FILE)
+    return serving_kind(config).name, int(config["block_size"]), list(config.get("layer_types") or [])
 
 
 def run_cli(args) -> int:

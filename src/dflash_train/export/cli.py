@@ -109,11 +109,12 @@ def _trained_target(ckpt: Path, run: Path | None) -> str | None:
 
 def read_training_artifact(path: str | Path) -> tuple[DrafterConfig, dict[str, torch.Tensor], str | None]:
     """``(DrafterConfig, drafter state_dict, target path or None)`` from a run or checkpoint folder."""
-    from dflash_train.export.serving import _read_json, read_safetensors
+    from dflash_train.export.serving import read_safetensors
+    from dflash_train.files import read_json
 
     path = Path(path).expanduser()
     ckpt = find_checkpoint(path)
-    raw = _read_json(ckpt / DRAFTER_CONFIG)
+    raw = read_json(ckpt / DRAFTER_CONFIG)
     try:
         cfg = DrafterConfig.from_dict(raw)
         cfg.validate()

@@ -375,11 +375,12 @@ def write_drafter_gguf(serving_dir: str | os.PathLike, target_gguf: str | os.Pat
     """
     import gguf
 
-    from dflash_train.export.serving import CONFIG_FILE, _read_json, _read_weights, verify_export
+    from dflash_train.export.serving import CONFIG_FILE, _read_weights, verify_export
+    from dflash_train.files import read_json
 
     folder = Path(serving_dir)
     verify_export(folder)
-    config = _read_json(folder / CONFIG_FILE)
+    config = read_json(folder / CONFIG_FILE)
     source = str(folder / CONFIG_FILE)
     arch = serving_architecture(config, source)
     target = read_target_gguf(target_gguf)
@@ -445,7 +446,8 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
 
 def spec_type(serving_dir: str | os.PathLike) -> str:
     """The ``--spec-type`` llama.cpp serves the serving folder's drafter with (its kind's entry)."""
-    from dflash_train.export.serving import CONFIG_FILE, _read_json
+    from dflash_train.export.serving import CONFIG_FILE
+    from dflash_train.files import read_json
 
-    config = _read_json(Path(serving_dir) / CONFIG_FILE)
+    config = read_json(Path(serving_dir) / CONFIG_FILE)
     return KINDS[serving_architecture(config, str(Path(serving_dir) / CONFIG_FILE))](config).spec_type

@@ -42,22 +42,25 @@ import torch
 
 from dflash_train.files import (
     CHECKSUMS,
-    UserFacingError,
     atomic_write_text,
     explained,
     file_checksums,
     note,
-    read_text,
+    read_json,
     staged_folder,
     sweep_stale_temps,
-    verify_checksums,
 )
 from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
-from dflash_train.models.drafter import KINDS, DFlashDrafter, kind_of
+from dflash_train.models.drafter import (
+    CONFIG_FILE,
+    KINDS,
+    WEIGHTS_FILE,
+    DFlashDrafter,
+    serving_kind,
+    verify_export,
+)
 from dflash_train.models.kinds import get_kind, kind_source
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 MODELING_FILE = "modeling_dflash.py"
 ARCHITECTURE = KINDS["dflash"].architecture  # "DFlashDraftModel"; each kind names its own (models/kinds/)
@@ -238,19 +241,11 @@ def _check_serving_fields(config: Mapping[str, Any], source: str) -> Mapping[str
 
 def _kind_fields(config: Mapping[str, Any], source: str) -> dict[str, Any]:
     """``kind`` and ``options`` of a serving config, by its ``architectures`` (``models/kinds/``)."""
-    kind = kind_of(_Keys(config))
+    kind = serving_kind(config)
     try:
         return {"kind": kind.name, "options": kind.options_from_serving(config)}
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
-
-
-class _Keys:
-    """A serving config dict seen as the object with attributes that ``kind_of`` reads."""
-
-    def __init__(self, config: Mapping[str, Any]):
-        self.architectures = config.get("architectures")
-        self.kind = None
 
 
 def drafter_config_from_serving(
@@ -386,7 +381,7 @@ def _readme(config: dict[str, Any]) -> str:
         f"- weights: {config['dtype']}\n\n"
         "The target's embedding and lm_head are not included.\n\n"
         "```bash\n"
-        f"{_vllm_lines(kind_of(_Keys(config)).name, block)}"
+        f"{_vllm_lines(serving_kind(config).name, block)}"
         "python -m sglang.launch_server --model-path TARGET --speculative-algorithm DFLASH \\\n"
         f"    --speculative-draft-model-path THIS_FOLDER --speculative-num-draft-tokens {block} --trust-remote-code\n"
         "```\n\n"
@@ -494,19 +489,6 @@ def export_drafter(
     return out
 
 
-def verify_export(folder: str | os.PathLike) -> None:
-    """The exported folder's files against the ``checksums.json`` the export wrote last, before our
-    loader, llama.cpp's GGUF writer or vLLM reads them: weights whose bytes changed but still parse
-    would serve silently wrong drafts. A mismatch is one line naming the file. A folder without it
-    (a published drafter, an older export) is read as it is. The engines never read the extra
-    file: vLLM and SGLang read ``config.json`` and ``*.safetensors``, llama.cpp's converter those
-    and the tokenizer's files."""
-    problem = verify_checksums(Path(folder), missing_ok=True)
-    if problem is not None:
-        raise UserFacingError(f"exported drafter {folder}: {problem}; export it again (a file edited on purpose: "
-                              f"remove {CHECKSUMS})")
-
-
 def _check_written(folder: Path, cfg: DrafterConfig) -> None:
     """Re-read what was written: the file on disk must have exactly the spec's tensors."""
     from safetensors import safe_open
@@ -524,21 +506,6 @@ class _Shape:
 
 
 # -- import ----------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists() and not path.is_symlink():
-        raise FileNotFoundError(f"{path} not found")
-    text = read_text(path, "file", max_bytes=64 << 20)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -560,7 +527,7 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     single, index = folder / WEIGHTS_FILE, folder / WEIGHTS_INDEX_FILE
     if single.is_file() or not index.is_file():
         return read_safetensors(single)
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise ValueError(f"{index}: no 'weight_map' object")
     tensors: dict[str, torch.Tensor] = {}
@@ -647,7 +614,7 @@ def load_drafter_folder(
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"drafter folder {folder} not found")
-    config = _read_json(folder / CONFIG_FILE)
+    config = read_json(folder / CONFIG_FILE)
     cfg = drafter_config_from_serving(config, str(folder / CONFIG_FILE))
     if target_facts_or_target is not None:
         cfg = check_against_target(cfg, target_facts_or_target, f"drafter {folder}")

@@ -1,4 +1,7 @@
-"""``dflash-train features``: run the target once over a data set and write its feature store.
+"""The feature store's writing side: its lock, per-rank indexes, shards and manifest.
+
+``dflash-train features`` (``distributed/feature_job.py``: it runs the target, so it sits above
+``train/``) uses these to run the target once over a data set and write its feature store.
 
 Which micro-batches: those of the job's first epoch (``data:`` and ``train.seed`` plan them, as
 training does), so the stored features are the ones online training computes in its first epoch, bit
@@ -12,21 +15,19 @@ shard that has no index line (killed between the rename and the line) and drops 
 is one line (the shard being written is removed; what is indexed stays), and the rerun completes the
 store. One writer per store: the run-folder lock (``run_lock.py``), on the store folder.
 """
-
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from dflash_train.features import format as fmt
+from dflash_train.features.extract import target_features
 from dflash_train.files import UserFacingError, atomic_write_bytes, explained
 from dflash_train.run_lock import RunLock
 
@@ -172,24 +173,6 @@ def open_manifest(folder: Path, fingerprint: dict, encoding: dict, is_main: bool
     return manifest
 
 
-def dump(cfg, out, kind: str = "auto", target=None, rank: int = 0, world: int = 1, barrier: Callable = lambda: None,
-         echo=print, shard_mib: float = 256.0, verify: bool = False) -> dict:
-    """Write (or complete) the feature store of job ``cfg`` at ``out``; returns its manifest."""
-    if kind not in fmt.DTYPES:
-        raise ValueError(f"features --dtype must be one of {', '.join(fmt.DTYPES)}, got {kind!r}")
-    folder = Path(out)
-    with explained("cannot write feature store", folder, TODO):
-        folder.mkdir(parents=True, exist_ok=True)
-    lock = StoreLock(folder, echo) if rank == 0 else None  # the main rank holds it, as in training
-    if lock is not None:
-        lock.acquire()
-    try:
-        return _dump(cfg, folder, kind, target, rank, world, barrier, echo, shard_mib, verify)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
 def store_job(cfg, target, drafter_cfg, dataset, dtype: torch.dtype, kind: str, world: int) -> tuple[dict, dict]:
     """The manifest's ``job`` (what the store must match) and ``encoding`` of job ``cfg``'s store."""
     fingerprint = fmt.job_fingerprint(cfg, target, drafter_cfg, dataset, dtype)
@@ -219,8 +202,6 @@ def add_micro_batch(writer: ShardWriter, micro_batch, out, kind: str, layers: in
 def write_missing(target, layer_ids: list[int], final: bool, batches, plan: list, todo: list[int],
                   writer: ShardWriter, kind: str, layers: int, device: torch.device) -> int:
     """Run the target over the first epoch's micro-batches ``todo`` and write them; returns the tokens."""
-    from dflash_train.train.features import target_features
-
     tokens = 0
     for n, i in enumerate(todo):
         mb = batches.collate(plan[i], 0)
@@ -228,50 +209,6 @@ def write_missing(target, layer_ids: list[int], final: bool, batches, plan: list
         tokens += add_micro_batch(writer, mb, out, kind, layers)
         writer.end_micro_batch(i, n == len(todo) - 1)
     return tokens
-
-
-def _dump(cfg, folder: Path, kind, target, rank, world, barrier, echo, shard_mib, verify) -> dict:
-    from dflash_train.devices import resolve_device
-    from dflash_train.train.assembly import load_data, load_target, resolve_drafter, target_dtype
-
-    device = resolve_device(cfg.train.device)
-    dtype = target_dtype(cfg, device)
-    target = target or load_target(cfg.target, device, dtype)
-    drafter_cfg = resolve_drafter(cfg.drafter, target, echo)
-    data = load_data(cfg, target.tokenizer, drafter_cfg.block_size)
-    fingerprint, encoding = store_job(cfg, target, drafter_cfg, data.dataset, dtype, kind, world)
-    manifest = open_manifest(folder, fingerprint, encoding, rank == 0)
-    if manifest["state"] == "complete" and not verify:
-        echo(f"feature store {folder} is complete already ({manifest['tokens']:,} tokens)")
-        return manifest
-    barrier()
-    index = Index.read(folder / fmt.index_name(rank))
-    clean_rank(folder, rank, index, verify, echo)
-    plan = data.plan.epoch_micro_batches(0)
-    todo = [i for i in my_micro_batches(len(plan), rank, world, cfg.train.grad_accum) if i not in index.done()]
-    lengths = data.dataset["length"]
-    remaining = sum(lengths[s] for i in todo for s in _samples(plan[i]))
-    check_space(folder, remaining * encoding["bytes_per_token"], echo)
-    writer = ShardWriter(folder, rank, index, int(shard_mib * 2**20))
-    started = time.perf_counter()
-    tokens = write_missing(target, drafter_cfg.target_layer_ids, fingerprint["final_hidden"], data.batches(0, 1, 1),
-                           plan, todo, writer, kind, encoding["layers"], device)
-    seconds = time.perf_counter() - started
-    if todo:
-        echo(f"feature store {folder}: rank {rank} wrote {tokens:,} tokens in {seconds:.1f} s "
-             f"({tokens / max(seconds, 1e-9):,.0f} tokens/s)")
-    barrier()
-    if rank == 0:
-        manifest = finish(folder, manifest, len(lengths), tokens / max(seconds, 1e-9) if todo else None)
-        echo(f"feature store {folder}: complete, {manifest['tokens']:,} tokens, {manifest['bytes'] / 2**30:.3f} GiB "
-             f"({manifest['bytes'] / manifest['tokens']:.0f} bytes/token)")
-    barrier()
-    return manifest
-
-
-def _samples(entry) -> list[int]:
-    """The conversations of a plan entry (a list of ids, or of packed rows of ids)."""
-    return [s for row in entry for s in (row if isinstance(row, list) else [row])]
 
 
 def finish(folder: Path, manifest: dict, examples: int, tokens_per_s: float | None) -> dict:

@@ -223,17 +223,17 @@ def _cmd_path(args) -> int:
 
 
 def _cmd_convert(args) -> int:
-    from dflash_train.export.serving import _read_json
+    from dflash_train.files import read_json
     from dflash_train.llamacpp import check_hf_target
 
-    check_hf_target(_read_json(Path(args.model) / "config.json"), str(Path(args.model) / "config.json"))
+    check_hf_target(read_json(Path(args.model) / "config.json"), str(Path(args.model) / "config.json"))
     out = convert_with_llamacpp(args.model, args.out, args.outtype)
     print(f"llama-cpp: wrote {out}")
     return 0
 
 
 def register(subparsers) -> None:
-    from dflash_train.eval.flags import positive_int
+    from dflash_train.cli_types import positive_int
 
     p = subparsers.add_parser(
         "llama-cpp", help="the pinned llama.cpp: build it, find it, convert a target to GGUF",

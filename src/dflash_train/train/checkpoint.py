@@ -77,6 +77,7 @@ from dflash_train.run_folder import (
     newest_verified,
     verify_checkpoint,
 )
+from dflash_train.tracking.registry import resumable_keys
 
 # Single-process saving/loading is intended here; DCP would warn on every call that it
 # "assumes" it.
@@ -87,9 +88,7 @@ RESUMABLE_CHANGES = {"train.max_steps", "train.epochs", "train.log_every", "trai
                      "train.save_every_minutes", "train.keep_last", "train.resume", "train.progress",
                      "eval", "train.run_dir", "data.cache_dir", "train.compile",
                      "train.max_bad_steps", "train.drafter_init",  # (the checkpoint's weights win)
-                     "train.loggers", "train.wandb_project", "train.wandb_entity", "train.wandb_mode",
-                     "train.wandb_dir", "train.mlflow_tracking_uri", "train.mlflow_experiment",
-                     "train.tensorboard"}  # (train.loggers' predecessor, in older checkpoints' configs)
+                     } | resumable_keys()  # train.loggers and each backend's keys (tracking/: each declares its own)
 # Keys added after checkpoints were written: absent from an older checkpoint's config means this value.
 ADDED_KEYS = {"data.trim_loops": False, "data.exclude_eval_prompts": False, "data.exclude_prompts": []}
 OPTIM_GROUPS = "optim_groups.json"

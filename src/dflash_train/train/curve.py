@@ -18,7 +18,7 @@ from pathlib import Path
 from dflash_train.cli_types import register_tool, tool_parser
 from dflash_train.files import explained, write_figure
 from dflash_train.run_folder import METRICS
-from dflash_train.train.tracking.jsonl import check_line, report_lines
+from dflash_train.tracking.jsonl import check_line, report_lines
 
 PLOT_TODO = "free space or choose another --out"
 

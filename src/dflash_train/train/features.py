@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dflash_train.features.extract import target_features
 from dflash_train.models.attention import document_layout
 from dflash_train.train.cuda_graphs import GraphedCall
 
@@ -33,15 +34,6 @@ def replays_target_forward(cuda_graphs: bool, fsdp_target: bool, device: torch.d
     whose forward gathers parameters into storage that changes between calls: a replay would read
     stale memory."""
     return cuda_graphs and device.type == "cuda" and not fsdp_target
-
-
-def target_features(target, layer_ids: list[int], final_hidden: bool, micro_batch, input_ids, attention_mask):
-    """The target's features of a micro-batch, packed or not (and its final hidden states with
-    ``final_hidden``): what online training reads, and what ``dflash-train features`` stores."""
-    if micro_batch.doc_ids is None:
-        return target.features(input_ids, attention_mask, layer_ids, final_hidden=final_hidden)
-    doc_ids = micro_batch.doc_ids.to(input_ids.device, non_blocking=True)
-    return target.features(input_ids, None, layer_ids, doc_ids, final_hidden=final_hidden)
 
 
 class LocalFeatures:

@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from dflash_train.config import EvalConfig
 from dflash_train.data.prompt_sets import resolve_prompts
+from dflash_train.data.prompts import encode_prompts, read_prompts
 from dflash_train.eval.evaluate import EvalOptions, evaluate
-from dflash_train.eval.prompts import encode_prompts, read_prompts
 
 
 class HeldoutEvaluator:

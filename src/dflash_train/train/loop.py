@@ -18,12 +18,12 @@ from dflash_train.devices import resolve_device
 from dflash_train.files import atomic_write_text, seal_json, unwritable
 from dflash_train.run_folder import CHECKPOINTS, CONFIG, SUMMARY
 from dflash_train.run_lock import hold_run_folder
+from dflash_train.tracking.base import SinkSettings, Tracking
+from dflash_train.tracking.jsonl import read_metrics
+from dflash_train.tracking.registry import open_tracking
 from dflash_train.train.checkpoint import check_run_folder, resolve_resume
 from dflash_train.train.compilation import FirstStep
 from dflash_train.train.signals import StopOnSignals
-from dflash_train.train.tracking.base import SinkSettings, Tracking
-from dflash_train.train.tracking.jsonl import read_metrics
-from dflash_train.train.tracking.registry import open_tracking
 from dflash_train.train.trainer import RankInfo, Trainer
 
 
@@ -81,7 +81,7 @@ def preflight(cfg: JobConfig, echo=print, tokenize: bool = False) -> Path | None
     resolve_files(cfg.data.paths)
     if cfg.eval.prompts:
         from dflash_train.data.prompt_sets import resolve_prompts
-        from dflash_train.eval.prompts import read_prompts
+        from dflash_train.data.prompts import read_prompts
 
         read_prompts(resolve_prompts(cfg.eval.prompts), limit=cfg.eval.num_prompts)
     run_dir = Path(cfg.train.run_dir)

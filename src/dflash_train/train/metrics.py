@@ -1,7 +1,7 @@
 """Training metrics: device-side accumulation over a logging window, and its console line.
 
 The hot loop only adds tensors on the device; the one host sync happens when a logging
-window closes. The record it gives goes to the run's sinks (``train/tracking/``).
+window closes. The record it gives goes to the run's sinks (``tracking/``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import torch
 
 from dflash_train.objective.blocks import expected_acceptance_from_accuracy
 from dflash_train.objective.loss import AcceptanceStats
-
-WRITE_TODO = "free space or set train.run_dir elsewhere"  # the advice of a failed write in the run folder
 
 
 class MetricWindow:

@@ -15,16 +15,17 @@ from dflash_train.data.prefetch import PrefetchedBatches
 from dflash_train.devices import resolve_device
 from dflash_train.files import explained
 from dflash_train.models.target import Target
+from dflash_train.run_folder import WRITE_TODO
+from dflash_train.tracking.base import SinkSettings, Tracking
+from dflash_train.tracking.registry import open_tracking
 from dflash_train.train.assembly import assemble, load_data, load_target, target_dtype
 from dflash_train.train.checkpoint import CheckpointManager
 from dflash_train.train.features import LocalFeatures, SampleFeatureCache, replays_target_forward
-from dflash_train.train.metrics import WRITE_TODO, MetricWindow, format_record
+from dflash_train.train.metrics import MetricWindow, format_record
 from dflash_train.train.parallelize import DataParallel
 from dflash_train.train.signals import StopOnSignals
 from dflash_train.train.step import StepResult
 from dflash_train.train.timings import Timings, format_timings
-from dflash_train.train.tracking.base import SinkSettings, Tracking
-from dflash_train.train.tracking.registry import open_tracking
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Trainer:
     factory of the trainer returning its feature source, ``train/features.py``; default: the
     local target), ``timings`` (per-role seconds in the metrics) and ``data_parallel`` (DDP or
     FSDP2 over the drafter ranks, applied with compile and checkpointing before the optimizer).
-    ``tracking`` is where the records go (``train/tracking/``): opened by ``train/loop.py``
+    ``tracking`` is where the records go (``tracking/``): opened by ``train/loop.py``
     before the target loads; left out, ``run`` opens the configured sinks itself.
     """
 

@@ -98,13 +98,13 @@ def check_folder(drafter: str | os.PathLike, target: str | os.PathLike, python: 
     """Load ``drafter`` (an export) into vLLM's class for its kind; compare tensors and fields."""
     from safetensors.torch import load_file
 
-    from dflash_train.export.serving import CONFIG_FILE, WEIGHTS_FILE, _Keys, _read_json, verify_export
-    from dflash_train.models.drafter import kind_of
+    from dflash_train.files import read_json
+    from dflash_train.models.drafter import CONFIG_FILE, WEIGHTS_FILE, serving_kind, verify_export
     from dflash_train.vllm.install import find_python
 
     verify_export(drafter)
-    config = _read_json(Path(drafter) / CONFIG_FILE)
-    kind = kind_of(_Keys(config)).name
+    config = read_json(Path(drafter) / CONFIG_FILE)
+    kind = serving_kind(config).name
     with tempfile.TemporaryDirectory(prefix="vllm-loader-") as tmp:
         request = {"target": str(target), "drafter": str(drafter), "params_out": str(Path(tmp) / "params.safetensors"),
                    "speculative_config": speculative_config(kind, str(drafter), int(config["block_size"]))}

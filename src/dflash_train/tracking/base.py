@@ -26,9 +26,8 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from dflash_train.config import TrainConfig
 from dflash_train.files import (
     SealMismatch,
     UserFacingError,
@@ -38,8 +37,7 @@ from dflash_train.files import (
     seal_json,
     unwritable,
 )
-from dflash_train.run_folder import METRICS, TRACKING
-from dflash_train.train.metrics import WRITE_TODO
+from dflash_train.run_folder import METRICS, TRACKING, WRITE_TODO
 
 
 class SinkUnavailable(UserFacingError):
@@ -51,7 +49,9 @@ class SinkSettings:
     """What a backend is checked and opened with."""
 
     run_dir: Path
-    train: TrainConfig = field(default_factory=TrainConfig)  # its own keys: train.wandb_*, train.mlflow_*
+    # the job's config.TrainConfig (train.loggers, each backend's own keys: train.wandb_*, train.mlflow_*);
+    # None: the defaults (registry.DEFAULT_LOGGERS). Typed loosely: config.py sits above this package
+    train: Any = None
     config: dict = field(default_factory=dict)  # the resolved job config: wandb's config, MLflow's params
     resuming: bool = False  # continue the tracked run named in tracking.json instead of starting one
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from dflash_train.faultpoints import reached
 from dflash_train.files import UNSEALED, atomic_write_text, explained, note, note_once, seal_json, unseal_json
 from dflash_train.run_folder import METRICS
-from dflash_train.train.tracking.base import WRITE_TODO
+from dflash_train.tracking.base import WRITE_TODO
 
 LINE_DIGITS = 12  # the per-line checksum's hex digits: 48 bits, a few bytes a line
 
@@ -79,6 +79,11 @@ class JsonlSink:
 
     name = "jsonl"
     required = True
+    resumable = ()  # no keys of its own (RUN/metrics.jsonl)
+
+    @staticmethod
+    def check_config(train) -> None:
+        """No keys of its own."""
 
     @classmethod
     def check(cls, settings) -> None:

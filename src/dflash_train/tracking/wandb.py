@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dflash_train.train.tracking.base import (
+from dflash_train.tracking.base import (
     SinkUnavailable,
     one_line,
     save_run,
@@ -44,9 +44,21 @@ def _folder(settings) -> Path:
     return Path(settings.train.wandb_dir) if settings.train.wandb_dir else Path(settings.run_dir)
 
 
+MODES = (None, "online", "offline", "disabled")
+
+
 class WandbSink:
     name = "wandb"
     required = False
+    # its keys (config.TrainConfig); where the records go, not what trains: each may change on a resume
+    resumable = ("train.wandb_project", "train.wandb_entity", "train.wandb_mode", "train.wandb_dir")
+
+    @staticmethod
+    def check_config(train) -> None:
+        """Its keys' values, when the config is read (whether or not ``train.loggers`` lists wandb)."""
+        if train.wandb_mode not in MODES:
+            raise ValueError(f"train.wandb_mode must be online, offline, disabled or null, "
+                             f"got {train.wandb_mode!r}")
 
     @classmethod
     def check(cls, settings) -> None:

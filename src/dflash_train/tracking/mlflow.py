@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from dflash_train.train.tracking.base import SinkUnavailable, one_line, save_run, saved_run, scalars
+from dflash_train.tracking.base import SinkUnavailable, one_line, save_run, saved_run, scalars
 
 DEFAULT_EXPERIMENT = "dflash-train"
 PARAMS_PER_CALL = 100  # MLflow's limit on params (and tags) in one log_batch
@@ -80,6 +80,12 @@ def _last_step(client, run_id: str) -> int:
 class MlflowSink:
     name = "mlflow"
     required = False
+    # its keys (config.TrainConfig); where the records go, not what trains: each may change on a resume
+    resumable = ("train.mlflow_tracking_uri", "train.mlflow_experiment")
+
+    @staticmethod
+    def check_config(train) -> None:
+        """Nothing to check before the store opens (``check``)."""
 
     @classmethod
     def check(cls, settings) -> None:

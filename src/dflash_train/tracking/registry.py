@@ -1,8 +1,11 @@
 """The backends by name (``train.loggers``), and opening the ones a job names.
 
-Names map to ``module:Class`` strings so that checking a config imports no backend (and no
-optional package); a backend's module is imported when a job uses it. A fifth backend is one
-module in this package, one line here, and its tests.
+Names map to ``module:Class`` strings; a backend's module is imported when it is asked for. Each
+backend declares, in its own module, what ``config.py`` and ``train/checkpoint.py`` ask of it:
+``check_config(train)`` (its keys' values, when a config is read) and ``resumable`` (its keys that may
+change on a resume). Those modules import no optional package (``wandb``, ``mlflow``) until a
+backend is checked or opened. A fifth backend is one module in this package, one line here, and its
+tests (its keys are still fields of ``config.TrainConfig``, and its package an extra in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import importlib
 
 BACKENDS = {
-    "jsonl": "dflash_train.train.tracking.jsonl:JsonlSink",
-    "tensorboard": "dflash_train.train.tracking.tensorboard:TensorBoardSink",
-    "wandb": "dflash_train.train.tracking.wandb:WandbSink",
-    "mlflow": "dflash_train.train.tracking.mlflow:MlflowSink",
+    "jsonl": "dflash_train.tracking.jsonl:JsonlSink",
+    "tensorboard": "dflash_train.tracking.tensorboard:TensorBoardSink",
+    "wandb": "dflash_train.tracking.wandb:WandbSink",
+    "mlflow": "dflash_train.tracking.mlflow:MlflowSink",
 }
 RECORD = "jsonl"  # metrics.jsonl: always on (resume and the summary read it), listed or not
+DEFAULT_LOGGERS = ("jsonl", "tensorboard")  # train.loggers' default (config.py)
 
 
 def check_names(loggers) -> None:
@@ -35,26 +39,45 @@ def selected(loggers) -> list[str]:
     return [RECORD] + [name for name in loggers if name != RECORD]
 
 
+def _loggers(settings) -> list[str]:
+    return list(DEFAULT_LOGGERS) if settings.train is None else settings.train.loggers
+
+
 def backend(name: str) -> type:
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
+def check_config(train) -> None:
+    """What ``config.TrainConfig`` checks of ``train.loggers`` and of every backend's keys (each
+    backend's ``check_config``, listed or not): a ``ValueError`` naming the key."""
+    check_names(train.loggers)
+    for name in BACKENDS:
+        backend(name).check_config(train)
+
+
+def resumable_keys() -> set[str]:
+    """The config keys of tracking that may change on a resume (``train/checkpoint.py``): where the
+    records go, never what trains. ``train.tensorboard``: ``train.loggers``' predecessor, in older
+    checkpoints' configs."""
+    return {"train.loggers", "train.tensorboard"} | {key for name in BACKENDS for key in backend(name).resumable}
+
+
 def check_loggers(settings) -> None:
     """Every selected backend's ``check`` (a ``SinkUnavailable`` line for the first that cannot
     start): what ``torchrun`` jobs run on rank 0 before any rank loads the target."""
-    for name in selected(settings.train.loggers):
+    for name in selected(_loggers(settings)):
         backend(name).check(settings)
 
 
 def open_tracking(settings, warn=print):
     """Check and open every selected backend (``base.SinkSettings``): the fan-out of their sinks.
     One that cannot start is a ``SinkUnavailable`` line, the ones opened before it closed again."""
-    from dflash_train.train.tracking.base import Tracking
+    from dflash_train.tracking.base import Tracking
 
     opened = Tracking([], warn)
     try:
-        for name in selected(settings.train.loggers):
+        for name in selected(_loggers(settings)):
             cls = backend(name)
             cls.check(settings)
             opened.sinks.append(cls(settings))

@@ -13,7 +13,7 @@ from pathlib import Path
 from dflash_train.faultpoints import reached
 from dflash_train.files import explained
 from dflash_train.run_folder import TENSORBOARD
-from dflash_train.train.tracking.base import WRITE_TODO, scalars
+from dflash_train.tracking.base import WRITE_TODO, scalars
 
 
 def _writer(folder: Path, **kwargs):
@@ -26,6 +26,11 @@ def _writer(folder: Path, **kwargs):
 class TensorBoardSink:
     name = "tensorboard"
     required = False
+    resumable = ()  # no keys of its own (RUN/tensorboard)
+
+    @staticmethod
+    def check_config(train) -> None:
+        """No keys of its own."""
 
     @classmethod
     def check(cls, settings) -> None:
