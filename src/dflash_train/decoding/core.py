@@ -18,7 +18,10 @@ the static CUDA-graph engine, the replay walk):
    counts), and says when to stop.
 
 **Tau** is the tokens committed per target verify step: :attr:`SpecResult.mean_tau` =
-kept tokens / verify steps. The prefill's token is not a step's, and a step cut by a stop
+kept tokens / verify steps. One accounting counts it for every engine: another engine's
+per-step acceptance (llama.cpp's, vLLM's) is booked by the same ledger (:func:`book_steps`),
+and :func:`tally` counts tau, the acceptance as verified and the per-position acceptance from
+ledger steps, whoever decoded them (``eval``, replay, the llama.cpp and vLLM reports). The prefill's token is not a step's, and a step cut by a stop
 token or the budget counts only what it kept (drafts the target accepted past the cut were
 never emitted). ``acceptance_lengths`` keeps each step's acceptance as verified (accepted
 drafts + 1, before any cut) for histograms and per-position rates, and for comparison with
@@ -302,12 +305,12 @@ class SpecResult:
     @property
     def mean_tau(self) -> float:
         """Tau: tokens committed per verify step (0 when the decode ended at the prefill)."""
-        return sum(self.kept_lengths) / max(1, len(self.kept_lengths))
+        return tally([self]).tau()
 
     @property
     def verified_tau(self) -> float:
         """Acceptance per step as verified, cut drafts included (the count before 2026-12-05)."""
-        return sum(self.acceptance_lengths) / max(1, len(self.acceptance_lengths))
+        return tally([self]).verified_tau()
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -383,6 +386,105 @@ class SpecLedger:
     def done(self) -> SpecResult:
         self.result.tokens = self.generated
         return self.result
+
+
+# ---------------------------------------------------------------------------------------
+# the one accounting: every engine's steps booked by the ledger, counted by one tally
+# ---------------------------------------------------------------------------------------
+_PLACEHOLDER = -1  # the token a booked step commits: an engine's counts carry no token ids
+
+
+def book_steps(accepted, new_tokens: int | None, block_size: int | None = None) -> SpecResult:
+    """Another engine's verify steps (``accepted[i]``: the drafts its step ``i`` accepted, in order)
+    booked by our :class:`SpecLedger`, so llama.cpp's, vLLM's and our own steps are one kind of
+    record: after the prefill's token, each step commits ``accepted + 1`` tokens until the
+    engine's ``new_tokens`` are reached (the step that reaches them keeps what fits; the steps
+    after it overran and are not booked). ``new_tokens`` None books every step uncut (the
+    acceptance *as verified*). Token ids are placeholders; ``block_size`` (default: the largest
+    acceptance + 1) sizes the per-position counts."""
+    accepted = [int(a) for a in accepted]
+    block = int(block_size) if block_size is not None else max(accepted, default=0) + 2
+    budget = sum(accepted) + len(accepted) + 1 if new_tokens is None else int(new_tokens)
+    ledger = SpecLedger(budget, block)
+    if not ledger.finished:
+        ledger.start(_PLACEHOLDER)
+    for a in accepted:
+        if ledger.finished:
+            break
+        ledger.commit([_PLACEHOLDER] * a, a, _PLACEHOLDER)
+    return ledger.done()
+
+
+def _ratio(num: float, den: float, empty: float) -> float:
+    return num / den if den else empty
+
+
+@dataclass
+class Tally:
+    """Ledger steps of some decodes (one entry per prompt), counted one way: the trainer's eval,
+    replay, llama.cpp's and vLLM's reports all read tau and the per-position acceptance here.
+
+    ``kept[i]`` / ``steps[i]``: the tokens prompt ``i``'s verify steps committed, and how many
+    steps; ``verified``: every step's acceptance as verified (accepted drafts + 1, before a cut);
+    ``position_reached[k-1]`` / ``position_accepted[k-1]``: steps that reached / accepted draft
+    position k. ``empty`` arguments say what a count over no step is (callers differ: 0 or nan)."""
+
+    kept: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
+    position_reached: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(self.steps)
+
+    def tau(self, empty: float = 0.0) -> float:
+        """Tau pooled over every verify step: kept tokens / steps."""
+        return _ratio(sum(self.kept), self.num_steps, empty)
+
+    def prompt_taus(self, empty: float = 0.0) -> list[float]:
+        """Each prompt's own tau (``empty`` for one that ended at the prefill)."""
+        return [_ratio(k, s, empty) for k, s in zip(self.kept, self.steps)]
+
+    def per_prompt_tau(self, empty: float = 0.0) -> float:
+        """The mean of the taus of the prompts with at least one verify step."""
+        taus = [k / s for k, s in zip(self.kept, self.steps) if s]
+        return _ratio(sum(taus), len(taus), empty)
+
+    def verified_tau(self, empty: float = 0.0) -> float:
+        """Acceptance per step as verified, cut drafts included."""
+        return _ratio(sum(self.verified), len(self.verified), empty)
+
+    def histogram(self, block_size: int) -> dict[str, int]:
+        """Steps per acceptance length as verified (``"1"`` .. ``"B"``, and any longer seen)."""
+        hist = {str(k): 0 for k in range(1, block_size + 1)}
+        for t in self.verified:
+            hist[str(t)] = hist.get(str(t), 0) + 1
+        return hist
+
+    def position_rates(self) -> list[float | None]:
+        """P(position k accepted | reached) per draft position (None: never reached)."""
+        return [a / r if r else None for a, r in zip(self.position_accepted, self.position_reached)]
+
+    def position_shares(self, empty: float = 0.0) -> list[float]:
+        """Per draft position: steps that accepted it / all steps (not conditional on the ones before)."""
+        return [_ratio(a, len(self.verified), empty) for a in self.position_accepted]
+
+
+def tally(results, num_draft: int | None = None) -> Tally:
+    """The one count of tau: :class:`Tally` of these :class:`SpecResult` (ours, replayed, or an
+    engine's steps through :func:`book_steps`); ``num_draft`` trims or pads the per-position
+    counts (default: the first result's)."""
+    results = list(results)
+    n = num_draft if num_draft is not None else (len(results[0].position_reached) if results else 0)
+
+    def positions(name: str) -> list[int]:
+        return [sum(getattr(r, name)[k] for r in results if k < len(getattr(r, name))) for k in range(n)]
+
+    return Tally(kept=[sum(r.kept_lengths) for r in results], steps=[len(r.kept_lengths) for r in results],
+                 verified=[t for r in results for t in r.acceptance_lengths],
+                 position_reached=positions("position_reached"), position_accepted=positions("position_accepted"))
 
 
 class TopK:
