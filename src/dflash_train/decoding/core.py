@@ -1,7 +1,9 @@
 """The decoding core every engine shares: proposals, acceptance, committing, results.
 
-A speculative decode is the same loop in every engine (the Hugging Face reference loop,
-the static CUDA-graph engine, the replay walk):
+A speculative decode is one loop, :func:`speculative_loop`, for every engine (the Hugging Face
+reference loop, the static CUDA-graph engine, the replay walk); each engine gives only its steps
+(:class:`SpecSteps`: prefill, draft, verify a block, read the acceptance, keep the verified
+prefix), and plain decoding likewise (:func:`plain_loop` over :class:`PlainSteps`):
 
 1. **draft**: a proposer turns the context and the verified anchor (the last committed
    token) into a :class:`Proposal`: the block's draft tokens and, when sampling, the
@@ -40,6 +42,7 @@ Also here: the compile settings both static engines use (:func:`compile_step`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -100,11 +103,17 @@ def _uniform(n: int, device, generator: torch.Generator | None) -> torch.Tensor:
     return torch.rand(n, generator=generator, device=gen_device).to(device)
 
 
+def choose_next(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The target's next token from its logits [V] as a 0-d tensor (read it when the host needs
+    it): argmax, or a sample of the warped distribution."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    return sample(sampling.probs(logits).unsqueeze(0), sampling.generator)[0]
+
+
 def next_token(logits: torch.Tensor, sampling: Sampling) -> int:
     """The target's next token from its logits [V]: argmax, or a sample of the warped distribution."""
-    if sampling.greedy:
-        return int(logits.argmax(-1))
-    return int(sample(sampling.probs(logits).unsqueeze(0), sampling.generator)[0])
+    return int(choose_next(logits, sampling))
 
 
 # ---------------------------------------------------------------------------------------
@@ -386,6 +395,165 @@ class SpecLedger:
     def done(self) -> SpecResult:
         self.result.tokens = self.generated
         return self.result
+
+
+# ---------------------------------------------------------------------------------------
+# the loops: one speculative, one plain, over what each engine does its own way
+# ---------------------------------------------------------------------------------------
+class StepClock(Protocol):
+    """Where an engine's loop reads time. ``wall()``: host seconds once the device's queued work is
+    done (the prefill and decode totals); ``now()``: a mark taken at once (a step's start);
+    ``mark()``: a mark after the work queued so far (a host sync, or an event on the device's
+    timeline: the static engine's, which adds no sync); ``seconds(a, b)``: between two marks."""
+
+    def wall(self) -> float: ...
+
+    def now(self): ...
+
+    def mark(self): ...
+
+    def seconds(self, start, end) -> float: ...
+
+
+class HostClock:
+    """Host time, the device synchronized where a mark must wait for its work (the HF loops)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+
+    def wall(self) -> float:
+        from dflash_train.devices import synchronize
+
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def mark(self) -> float:
+        return self.wall()
+
+    def seconds(self, start, end) -> float:
+        return end - start
+
+
+class NoClock:
+    """No timing (replay: a walk over stored tokens has no speed to measure); every time is 0."""
+
+    def wall(self) -> float:
+        return 0.0
+
+    def now(self) -> float:
+        return 0.0
+
+    def mark(self) -> float:
+        return 0.0
+
+    def seconds(self, start, end) -> float:
+        return 0.0
+
+
+NO_CLOCK = NoClock()
+
+
+class SpecSteps(Protocol):
+    """What one engine does its own way in :func:`speculative_loop`: the verifier's side
+    (``prefill``; ``verify`` a block; ``keep`` its verified prefix), the drafter's ``draft`` and
+    the readout of acceptance (``accept``). The loop owns the rest: the ledger (stop token,
+    token budget, what each step commits), the order of the calls and the timing.
+
+    ``prefill(input_ids)`` -> the first new token (int). ``draft(generated)`` -> the block to
+    verify after the committed tokens ``generated`` (the anchor is ``generated[-1]``); opaque to
+    the loop. ``verify(block)`` runs the target over ``[anchor, drafts]`` and returns what
+    ``accept`` reads; the loop marks the verify's end between the two, so an engine can launch
+    in ``verify`` and sync in ``accept``. ``accept(pending)`` -> (drafts as a host list, at least
+    the accepted ones; accepted drafts; the target's next token). ``keep(accepted)``: the
+    verified positions (the anchor and the accepted drafts) become context; called only while
+    the decode goes on."""
+
+    def prefill(self, input_ids) -> int: ...
+
+    def draft(self, generated: list[int]): ...
+
+    def verify(self, block): ...
+
+    def accept(self, pending) -> tuple[list[int], int, int]: ...
+
+    def keep(self, accepted: int) -> None: ...
+
+
+def speculative_loop(steps: SpecSteps, input_ids, max_new_tokens: int, block_size: int, stop_token_ids=(),
+                     clock: StepClock | None = None) -> SpecResult:
+    """The one speculative decode: the prefill's token, then draft / verify / accept / commit
+    until a stop token or the budget (:class:`SpecLedger`); every engine (the HF cache, the
+    static CUDA-graph engine, the replay walk) runs its steps through here, so they stop, cut
+    and count alike. Times: prefill, decode (after the prefill), and per step the draft (from
+    the step's start to the verify's launch) and the verify (to its end, ``clock.mark()``)."""
+    ledger, clock = SpecLedger(max_new_tokens, block_size, stop_token_ids), clock or NO_CLOCK
+    if ledger.finished:
+        return ledger.done()
+    result = ledger.result
+    t0 = clock.wall()
+    ledger.start(steps.prefill(input_ids))
+    t1 = clock.wall()
+    result.prefill_time = t1 - t0
+    while not ledger.finished:
+        _spec_step(steps, ledger, clock)
+    result.decode_time = clock.wall() - t1
+    return ledger.done()
+
+
+def _spec_step(steps: SpecSteps, ledger: SpecLedger, clock: StepClock) -> None:
+    result = ledger.result
+    mark_draft = clock.now()
+    block = steps.draft(ledger.generated)
+    mark_verify = clock.mark()
+    pending = steps.verify(block)
+    mark_done = clock.mark()
+    drafts, accepted, next_tok = steps.accept(pending)
+    result.draft_time += clock.seconds(mark_draft, mark_verify)
+    result.verify_time += clock.seconds(mark_verify, mark_done)
+    ledger.commit(drafts, accepted, next_tok)
+    if not ledger.finished:
+        steps.keep(accepted)
+
+
+class PlainSteps(Protocol):
+    """What one engine does its own way in :func:`plain_loop`: ``prefill(input_ids)`` and
+    ``step(token, position)`` (the target over one committed token at ``position``) each return
+    (the last logits [V] float, the next token: an int or a one-element tensor the loop reads
+    after recording the logits, so an engine's sync comes after every launch)."""
+
+    def prefill(self, input_ids): ...
+
+    def step(self, token: int, position: int): ...
+
+
+def plain_loop(steps: PlainSteps, input_ids, max_new_tokens: int, stop_token_ids=(), record_topk: int = 0,
+               clock: StepClock | None = None) -> GenResult:
+    """The one plain decode: one token per target forward until a stop token or
+    ``max_new_tokens``; prefill time to the first token, decode time after it; ``record_topk``
+    keeps each step's top-k logits (:class:`TopK`)."""
+    stop, clock = {int(t) for t in stop_token_ids}, clock or NO_CLOCK
+    result, topk = GenResult([]), TopK(record_topk)
+    if max_new_tokens <= 0:
+        return result
+    prompt_len = int(input_ids.shape[-1])
+    t0 = clock.wall()
+    tok = _plain_token(result, topk, *steps.prefill(input_ids))
+    t1 = clock.wall()
+    result.prefill_time = t1 - t0
+    while tok not in stop and len(result.tokens) < max_new_tokens:
+        tok = _plain_token(result, topk, *steps.step(tok, prompt_len + len(result.tokens) - 1))
+    result.decode_time = clock.wall() - t1
+    return topk.store(result)
+
+
+def _plain_token(result: GenResult, topk: TopK, logits: torch.Tensor, choice) -> int:
+    topk.add(logits)
+    tok = int(choice)
+    result.tokens.append(tok)
+    return tok
 
 
 # ---------------------------------------------------------------------------------------
