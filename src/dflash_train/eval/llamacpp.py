@@ -205,11 +205,11 @@ def engine_tau(steps: list[EngineStep], kept_tokens: int) -> dict:
         return {"tau": 0.0, "steps": 0, "kept_tokens": 0}
     first = steps[0].accepted + 1
     booked = book_steps([s.accepted for s in steps[1:]], max(0, kept_tokens - first) + 1)
-    # the first step's drafts past its first token (it accepted some) count as committed, the step does not
-    extra = min(first, kept_tokens) - 1
     counted = tally([booked])
     n, kept = counted.num_steps, sum(counted.kept)
-    return {"tau": (kept + extra) / n if n else 0.0, "steps": n, "kept_tokens": min(kept_tokens, first + kept),
+    # the first step's drafts past its first token (it accepted some) count as committed, the step does not
+    counted.kept[0] += min(first, kept_tokens) - 1
+    return {"tau": counted.tau(), "steps": n, "kept_tokens": min(kept_tokens, first + kept),
             "first_step": {"accepted": steps[0].accepted, "drafted": steps[0].drafted},
             "overrun_tokens": sum(s.accepted + 1 for s in steps) - kept_tokens,
             "overrun_steps": len(steps) - 1 - n}
