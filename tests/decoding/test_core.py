@@ -17,10 +17,12 @@ from dflash_train.decoding.core import (
     Sampling,
     SpecLedger,
     accept,
+    book_steps,
     compile_step,
     greedy_accept,
     leading_matches,
     speculative_accept,
+    tally,
 )
 from dflash_train.decoding.proposers import DFlashProposer, as_proposer
 from dflash_train.decoding.speculative import speculative_generate, target_generate
@@ -79,6 +81,42 @@ def test_ledger_commits_like_a_token_by_token_loop():
         for k in range(1, block):
             assert result.position_reached[k - 1] == sum(t >= k for t in steps)
             assert result.position_accepted[k - 1] == sum(t >= k + 1 for t in steps)
+
+
+def test_an_engines_steps_booked_by_the_ledger_count_as_our_own():
+    """The one accounting: an engine's per-step acceptance booked through the ledger gives the
+    kept lengths, tau and per-position counts our own decode of those steps gives; uncut
+    (``new_tokens`` None) it books every step, as verified."""
+    rng = random.Random(2)
+    for _ in range(50):
+        block = rng.randint(2, 5)
+        accepted = [rng.randint(0, block - 1) for _ in range(rng.randint(0, 6))]
+        budget = rng.randint(0, sum(accepted) + len(accepted) + 1)
+        ledger = SpecLedger(budget, block)
+        if not ledger.finished:
+            ledger.start(0)
+        for a in accepted:
+            if ledger.finished:
+                break
+            ledger.commit([0] * a, a, 0)
+        ours = ledger.done()
+        booked = book_steps(accepted, budget, block)
+        assert (booked.kept_lengths, booked.acceptance_lengths) == (ours.kept_lengths, ours.acceptance_lengths)
+        assert (booked.position_reached, booked.position_accepted) == (ours.position_reached, ours.position_accepted)
+        assert tally([booked]).tau() == ours.mean_tau
+        uncut = book_steps(accepted, None, block)
+        assert uncut.acceptance_lengths == [a + 1 for a in accepted] == uncut.kept_lengths
+
+
+def test_tally_pools_steps_and_prompts_and_says_what_an_empty_count_is():
+    a, b, ended = book_steps([2, 0], None, 4), book_steps([3], 3, 4), book_steps([], 1, 4)
+    counted = tally([a, b, ended])
+    assert (counted.kept, counted.steps) == ([4, 2, 0], [2, 1, 0])
+    assert counted.tau() == 2.0 and counted.prompt_taus() == [2.0, 2.0, 0.0] and counted.per_prompt_tau() == 2.0
+    assert counted.verified_tau() == 8 / 3 and counted.histogram(4) == {"1": 1, "2": 0, "3": 1, "4": 1}
+    assert counted.position_reached == [3, 2, 2] and counted.position_accepted == [2, 2, 1]
+    assert counted.position_rates() == [2 / 3, 1.0, 0.5] and counted.position_shares() == [2 / 3, 2 / 3, 1 / 3]
+    assert tally([ended]).tau() == 0.0 and tally([ended]).tau(float("inf")) == float("inf")
 
 
 def test_accept_needs_q_when_sampling():

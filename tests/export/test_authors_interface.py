@@ -144,6 +144,69 @@ def test_spec_generate_acceptance_and_stop_rule(tmp_path):
     assert model.spec_generate(model_t, prompt, 0, None, 0.0).tolist() == prompt.tolist()  # positional, as theirs
 
 
+class _PatternOracle:
+    """A core-loop proposer that drafts as the patched wrapper below does: at the block anchored at
+    ``p``, the first ``pattern[step]`` drafts are the target's greedy tokens and the rest wrong."""
+
+    feature_layer_ids: list = []
+
+    def __init__(self, plain, pattern, prompt_len, block_size, vocab):
+        self.plain, self.pattern, self.prompt_len, self.block_size, self.vocab = plain, pattern, prompt_len, \
+            block_size, vocab
+        self.anchors = []
+
+    def reset(self):
+        self.anchors.clear()
+
+    def propose(self, tokens, new_features, num_draft):
+        p = len(tokens) - 1
+        good = self.pattern[len(self.anchors) % len(self.pattern)]
+        self.anchors.append(p)
+        drafts = [self.plain[p + k - self.prompt_len] if k <= good else
+                  (self.plain[p + k - self.prompt_len] + 1) % self.vocab for k in range(1, num_draft + 1)]
+        return torch.nn.functional.one_hot(torch.tensor(drafts), self.vocab).float()
+
+
+@pytest.mark.parametrize(("max_new", "stop_at"), [(1, None), (2, None), (7, None), (30, None), (30, 3), (30, 6)])
+def test_spec_generate_is_the_core_loop_token_for_token_and_step_for_step(tmp_path, max_new, stop_at):
+    """The shipped ``spec_generate`` (self-contained: it cannot import our loop) against
+    :func:`~dflash_train.decoding.core.speculative_loop` (through ``speculative_generate``), with
+    drafters that accept the same pattern: the same tokens, the same verify steps at the same
+    anchors, the same acceptance per step, and the same end (the budget, or a stop token inside a
+    block, which both cut after)."""
+    model_t = tiny_qwen3(hidden=64, vocab=64, num_layers=6)
+    with torch.no_grad():  # an orthogonal lm_head, so a drafter state selects its token exactly
+        model_t.lm_head.weight.copy_(torch.linalg.qr(torch.randn(64, 64))[0] * 8)
+    target = Target(model_t)
+    _, _, model, _ = exported(tmp_path, target, block_size=4)
+    head, prompt = model_t.lm_head.weight, torch.tensor([[3, 17, 5, 9, 22]])
+    plain, pattern = target_generate(target, prompt, 40).tokens, [2, 3, 0, 1, 3]
+    stop = [] if stop_at is None else [plain[stop_at]]
+    real, wrapper_anchors = type(model).dflash_forward.__get__(model), []
+
+    def forward(**kwargs):
+        states = real(**kwargs)
+        b = states.shape[1]
+        p = int(kwargs["position_ids"][0, -b])
+        good = pattern[len(wrapper_anchors) % len(pattern)]
+        wrapper_anchors.append(p)
+        drafts = [plain[p + k - 5] if k <= good else (plain[p + k - 5] + 1) % 64 for k in range(1, b)]
+        out = states.clone()
+        out[0, 1:] = head[torch.tensor(drafts)]
+        return out
+
+    model.dflash_forward = forward
+    stats = model.spec_generate(target=model_t, input_ids=prompt, max_new_tokens=max_new, stop_token_ids=stop or None,
+                                temperature=0.0, return_stats=True)
+    oracle = _PatternOracle(plain, pattern, 5, 4, 64)
+    core = speculative_generate(target, oracle, prompt, max_new, stop_token_ids=stop)
+
+    assert stats.output_ids[0, 5:].tolist() == core.tokens and stats.num_output_tokens == len(core.tokens)
+    assert wrapper_anchors == oracle.anchors and len(wrapper_anchors) == core.num_steps
+    assert stats.acceptance_lengths == core.acceptance_lengths
+    assert sum(core.kept_lengths) == len(core.tokens) - 1
+
+
 def test_spec_generate_sampling_runs(tmp_path):
     target = Target(tiny_qwen3())
     _, _, model, _ = exported(tmp_path, target)

@@ -1,7 +1,9 @@
 """The decoding core every engine shares: proposals, acceptance, committing, results.
 
-A speculative decode is the same loop in every engine (the Hugging Face reference loop,
-the static CUDA-graph engine, the replay walk):
+A speculative decode is one loop, :func:`speculative_loop`, for every engine (the Hugging Face
+reference loop, the static CUDA-graph engine, the replay walk); each engine gives only its steps
+(:class:`SpecSteps`: prefill, draft, verify a block, read the acceptance, keep the verified
+prefix), and plain decoding likewise (:func:`plain_loop` over :class:`PlainSteps`):
 
 1. **draft**: a proposer turns the context and the verified anchor (the last committed
    token) into a :class:`Proposal`: the block's draft tokens and, when sampling, the
@@ -18,7 +20,10 @@ the static CUDA-graph engine, the replay walk):
    counts), and says when to stop.
 
 **Tau** is the tokens committed per target verify step: :attr:`SpecResult.mean_tau` =
-kept tokens / verify steps. The prefill's token is not a step's, and a step cut by a stop
+kept tokens / verify steps. One accounting counts it for every engine: another engine's
+per-step acceptance (llama.cpp's, vLLM's) is booked by the same ledger (:func:`book_steps`),
+and :func:`tally` counts tau, the acceptance as verified and the per-position acceptance from
+ledger steps, whoever decoded them (``eval``, replay, the llama.cpp and vLLM reports). The prefill's token is not a step's, and a step cut by a stop
 token or the budget counts only what it kept (drafts the target accepted past the cut were
 never emitted). ``acceptance_lengths`` keeps each step's acceptance as verified (accepted
 drafts + 1, before any cut) for histograms and per-position rates, and for comparison with
@@ -37,6 +42,7 @@ Also here: the compile settings both static engines use (:func:`compile_step`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -97,11 +103,17 @@ def _uniform(n: int, device, generator: torch.Generator | None) -> torch.Tensor:
     return torch.rand(n, generator=generator, device=gen_device).to(device)
 
 
+def choose_next(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The target's next token from its logits [V] as a 0-d tensor (read it when the host needs
+    it): argmax, or a sample of the warped distribution."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    return sample(sampling.probs(logits).unsqueeze(0), sampling.generator)[0]
+
+
 def next_token(logits: torch.Tensor, sampling: Sampling) -> int:
     """The target's next token from its logits [V]: argmax, or a sample of the warped distribution."""
-    if sampling.greedy:
-        return int(logits.argmax(-1))
-    return int(sample(sampling.probs(logits).unsqueeze(0), sampling.generator)[0])
+    return int(choose_next(logits, sampling))
 
 
 # ---------------------------------------------------------------------------------------
@@ -302,12 +314,12 @@ class SpecResult:
     @property
     def mean_tau(self) -> float:
         """Tau: tokens committed per verify step (0 when the decode ended at the prefill)."""
-        return sum(self.kept_lengths) / max(1, len(self.kept_lengths))
+        return tally([self]).tau()
 
     @property
     def verified_tau(self) -> float:
         """Acceptance per step as verified, cut drafts included (the count before 2026-12-05)."""
-        return sum(self.acceptance_lengths) / max(1, len(self.acceptance_lengths))
+        return tally([self]).verified_tau()
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -383,6 +395,264 @@ class SpecLedger:
     def done(self) -> SpecResult:
         self.result.tokens = self.generated
         return self.result
+
+
+# ---------------------------------------------------------------------------------------
+# the loops: one speculative, one plain, over what each engine does its own way
+# ---------------------------------------------------------------------------------------
+class StepClock(Protocol):
+    """Where an engine's loop reads time. ``wall()``: host seconds once the device's queued work is
+    done (the prefill and decode totals); ``now()``: a mark taken at once (a step's start);
+    ``mark()``: a mark after the work queued so far (a host sync, or an event on the device's
+    timeline: the static engine's, which adds no sync); ``seconds(a, b)``: between two marks."""
+
+    def wall(self) -> float: ...
+
+    def now(self): ...
+
+    def mark(self): ...
+
+    def seconds(self, start, end) -> float: ...
+
+
+class HostClock:
+    """Host time, the device synchronized where a mark must wait for its work (the HF loops)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+
+    def wall(self) -> float:
+        from dflash_train.devices import synchronize
+
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def mark(self) -> float:
+        return self.wall()
+
+    def seconds(self, start, end) -> float:
+        return end - start
+
+
+class NoClock:
+    """No timing (replay: a walk over stored tokens has no speed to measure); every time is 0."""
+
+    def wall(self) -> float:
+        return 0.0
+
+    def now(self) -> float:
+        return 0.0
+
+    def mark(self) -> float:
+        return 0.0
+
+    def seconds(self, start, end) -> float:
+        return 0.0
+
+
+NO_CLOCK = NoClock()
+
+
+class SpecSteps(Protocol):
+    """What one engine does its own way in :func:`speculative_loop`: the verifier's side
+    (``prefill``; ``verify`` a block; ``keep`` its verified prefix), the drafter's ``draft`` and
+    the readout of acceptance (``accept``). The loop owns the rest: the ledger (stop token,
+    token budget, what each step commits), the order of the calls and the timing.
+
+    ``prefill(input_ids)`` -> the first new token (int). ``draft(generated)`` -> the block to
+    verify after the committed tokens ``generated`` (the anchor is ``generated[-1]``); opaque to
+    the loop. ``verify(block)`` runs the target over ``[anchor, drafts]`` and returns what
+    ``accept`` reads; the loop marks the verify's end between the two, so an engine can launch
+    in ``verify`` and sync in ``accept``. ``accept(pending)`` -> (drafts as a host list, at least
+    the accepted ones; accepted drafts; the target's next token). ``keep(accepted)``: the
+    verified positions (the anchor and the accepted drafts) become context; called only while
+    the decode goes on."""
+
+    def prefill(self, input_ids) -> int: ...
+
+    def draft(self, generated: list[int]): ...
+
+    def verify(self, block): ...
+
+    def accept(self, pending) -> tuple[list[int], int, int]: ...
+
+    def keep(self, accepted: int) -> None: ...
+
+
+def speculative_loop(steps: SpecSteps, input_ids, max_new_tokens: int, block_size: int, stop_token_ids=(),
+                     clock: StepClock | None = None) -> SpecResult:
+    """The one speculative decode: the prefill's token, then draft / verify / accept / commit
+    until a stop token or the budget (:class:`SpecLedger`); every engine (the HF cache, the
+    static CUDA-graph engine, the replay walk) runs its steps through here, so they stop, cut
+    and count alike. Times: prefill, decode (after the prefill), and per step the draft (from
+    the step's start to the verify's launch) and the verify (to its end, ``clock.mark()``)."""
+    ledger, clock = SpecLedger(max_new_tokens, block_size, stop_token_ids), clock or NO_CLOCK
+    if ledger.finished:
+        return ledger.done()
+    result = ledger.result
+    t0 = clock.wall()
+    ledger.start(steps.prefill(input_ids))
+    t1 = clock.wall()
+    result.prefill_time = t1 - t0
+    while not ledger.finished:
+        _spec_step(steps, ledger, clock)
+    result.decode_time = clock.wall() - t1
+    return ledger.done()
+
+
+def _spec_step(steps: SpecSteps, ledger: SpecLedger, clock: StepClock) -> None:
+    result = ledger.result
+    mark_draft = clock.now()
+    block = steps.draft(ledger.generated)
+    mark_verify = clock.mark()
+    pending = steps.verify(block)
+    mark_done = clock.mark()
+    drafts, accepted, next_tok = steps.accept(pending)
+    result.draft_time += clock.seconds(mark_draft, mark_verify)
+    result.verify_time += clock.seconds(mark_verify, mark_done)
+    ledger.commit(drafts, accepted, next_tok)
+    if not ledger.finished:
+        steps.keep(accepted)
+
+
+class PlainSteps(Protocol):
+    """What one engine does its own way in :func:`plain_loop`: ``prefill(input_ids)`` and
+    ``step(token, position)`` (the target over one committed token at ``position``) each return
+    (the last logits [V] float, the next token: an int or a one-element tensor the loop reads
+    after recording the logits, so an engine's sync comes after every launch)."""
+
+    def prefill(self, input_ids): ...
+
+    def step(self, token: int, position: int): ...
+
+
+def plain_loop(steps: PlainSteps, input_ids, max_new_tokens: int, stop_token_ids=(), record_topk: int = 0,
+               clock: StepClock | None = None) -> GenResult:
+    """The one plain decode: one token per target forward until a stop token or
+    ``max_new_tokens``; prefill time to the first token, decode time after it; ``record_topk``
+    keeps each step's top-k logits (:class:`TopK`)."""
+    stop, clock = {int(t) for t in stop_token_ids}, clock or NO_CLOCK
+    result, topk = GenResult([]), TopK(record_topk)
+    if max_new_tokens <= 0:
+        return result
+    prompt_len = int(input_ids.shape[-1])
+    t0 = clock.wall()
+    tok = _plain_token(result, topk, *steps.prefill(input_ids))
+    t1 = clock.wall()
+    result.prefill_time = t1 - t0
+    while tok not in stop and len(result.tokens) < max_new_tokens:
+        tok = _plain_token(result, topk, *steps.step(tok, prompt_len + len(result.tokens) - 1))
+    result.decode_time = clock.wall() - t1
+    return topk.store(result)
+
+
+def _plain_token(result: GenResult, topk: TopK, logits: torch.Tensor, choice) -> int:
+    topk.add(logits)
+    tok = int(choice)
+    result.tokens.append(tok)
+    return tok
+
+
+# ---------------------------------------------------------------------------------------
+# the one accounting: every engine's steps booked by the ledger, counted by one tally
+# ---------------------------------------------------------------------------------------
+_PLACEHOLDER = -1  # the token a booked step commits: an engine's counts carry no token ids
+
+
+def book_steps(accepted, new_tokens: int | None, block_size: int | None = None) -> SpecResult:
+    """Another engine's verify steps (``accepted[i]``: the drafts its step ``i`` accepted, in order)
+    booked by our :class:`SpecLedger`, so llama.cpp's, vLLM's and our own steps are one kind of
+    record: after the prefill's token, each step commits ``accepted + 1`` tokens until the
+    engine's ``new_tokens`` are reached (the step that reaches them keeps what fits; the steps
+    after it overran and are not booked). ``new_tokens`` None books every step uncut (the
+    acceptance *as verified*). Token ids are placeholders; ``block_size`` (default: the largest
+    acceptance + 1) sizes the per-position counts."""
+    accepted = [int(a) for a in accepted]
+    block = int(block_size) if block_size is not None else max(accepted, default=0) + 2
+    budget = sum(accepted) + len(accepted) + 1 if new_tokens is None else int(new_tokens)
+    ledger = SpecLedger(budget, block)
+    if not ledger.finished:
+        ledger.start(_PLACEHOLDER)
+    for a in accepted:
+        if ledger.finished:
+            break
+        ledger.commit([_PLACEHOLDER] * a, a, _PLACEHOLDER)
+    return ledger.done()
+
+
+def _ratio(num: float, den: float, empty: float) -> float:
+    return num / den if den else empty
+
+
+@dataclass
+class Tally:
+    """Ledger steps of some decodes (one entry per prompt), counted one way: the trainer's eval,
+    replay, llama.cpp's and vLLM's reports all read tau and the per-position acceptance here.
+
+    ``kept[i]`` / ``steps[i]``: the tokens prompt ``i``'s verify steps committed, and how many
+    steps; ``verified``: every step's acceptance as verified (accepted drafts + 1, before a cut);
+    ``position_reached[k-1]`` / ``position_accepted[k-1]``: steps that reached / accepted draft
+    position k. ``empty`` arguments say what a count over no step is (callers differ: 0 or nan)."""
+
+    kept: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    verified: list[int] = field(default_factory=list)
+    position_reached: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+
+    @property
+    def num_steps(self) -> int:
+        return sum(self.steps)
+
+    def tau(self, empty: float = 0.0) -> float:
+        """Tau pooled over every verify step: kept tokens / steps."""
+        return _ratio(sum(self.kept), self.num_steps, empty)
+
+    def prompt_taus(self, empty: float = 0.0) -> list[float]:
+        """Each prompt's own tau (``empty`` for one that ended at the prefill)."""
+        return [_ratio(k, s, empty) for k, s in zip(self.kept, self.steps)]
+
+    def per_prompt_tau(self, empty: float = 0.0) -> float:
+        """The mean of the taus of the prompts with at least one verify step."""
+        taus = [k / s for k, s in zip(self.kept, self.steps) if s]
+        return _ratio(sum(taus), len(taus), empty)
+
+    def verified_tau(self, empty: float = 0.0) -> float:
+        """Acceptance per step as verified, cut drafts included."""
+        return _ratio(sum(self.verified), len(self.verified), empty)
+
+    def histogram(self, block_size: int) -> dict[str, int]:
+        """Steps per acceptance length as verified (``"1"`` .. ``"B"``, and any longer seen)."""
+        hist = {str(k): 0 for k in range(1, block_size + 1)}
+        for t in self.verified:
+            hist[str(t)] = hist.get(str(t), 0) + 1
+        return hist
+
+    def position_rates(self) -> list[float | None]:
+        """P(position k accepted | reached) per draft position (None: never reached)."""
+        return [a / r if r else None for a, r in zip(self.position_accepted, self.position_reached)]
+
+    def position_shares(self, empty: float = 0.0) -> list[float]:
+        """Per draft position: steps that accepted it / all steps (not conditional on the ones before)."""
+        return [_ratio(a, len(self.verified), empty) for a in self.position_accepted]
+
+
+def tally(results, num_draft: int | None = None) -> Tally:
+    """The one count of tau: :class:`Tally` of these :class:`SpecResult` (ours, replayed, or an
+    engine's steps through :func:`book_steps`); ``num_draft`` trims or pads the per-position
+    counts (default: the first result's)."""
+    results = list(results)
+    n = num_draft if num_draft is not None else (len(results[0].position_reached) if results else 0)
+
+    def positions(name: str) -> list[int]:
+        return [sum(getattr(r, name)[k] for r in results if k < len(getattr(r, name))) for k in range(n)]
+
+    return Tally(kept=[sum(r.kept_lengths) for r in results], steps=[len(r.kept_lengths) for r in results],
+                 verified=[t for r in results for t in r.acceptance_lengths],
+                 position_reached=positions("position_reached"), position_accepted=positions("position_accepted"))
 
 
 class TopK:

@@ -14,31 +14,31 @@ The loop follows the authors' reference decoder:
   plus one bonus token is committed; the target's KV cache is cropped to the verified
   positions and their features become the drafter's next new context.
 
-``tau`` of a verify step = accepted drafts + 1. Proposals, acceptance and committing
-are the shared :mod:`.core`; anything with its ``BlockProposer`` (or ``LogitsProposer``)
+``tau`` of a verify step = accepted drafts + 1. Proposals, acceptance, committing and the
+loops themselves (:func:`~.core.speculative_loop`, :func:`~.core.plain_loop`) are the shared
+:mod:`.core`; this module gives them the HF cache's steps (:class:`_HFSteps`, :class:`_HFPlainSteps`); anything with its ``BlockProposer`` (or ``LogitsProposer``)
 interface can stand in for the drafter (tests plug in oracles).
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from dflash_train.devices import synchronize
 from dflash_train.hf_compat import cache_kwarg
 
 from .core import (
     GenResult,
+    HostClock,
     Proposal,
     Sampling,
-    SpecLedger,
     SpecResult,
-    TopK,
     accept,
+    choose_next,
     greedy_accept,
     next_token,
+    plain_loop,
     speculative_accept,
+    speculative_loop,
     warp,
 )
 from .proposers import DFlashProposer, DrafterContextCache, as_proposer
@@ -78,24 +78,46 @@ def _check_single(input_ids: torch.Tensor) -> None:
         raise ValueError(f"input_ids must be [1, s], got {tuple(input_ids.shape)}")
 
 
-class _HFVerifier:
-    """The target side of the reference loop: prefill, then one forward per verified block
-    over the HF cache, cropped to the verified positions after each step."""
+class _HFSteps:
+    """The reference loop's engine steps (:class:`~.core.SpecSteps`) over a HF cache: the
+    proposer drafts from the committed tokens and the new verified features; the target
+    verifies ``[anchor, drafts]`` in one forward and accepts (greedy or the rejection rule);
+    keeping a prefix crops the cache to the verified positions."""
 
-    def __init__(self, target, layer_ids: list[int]) -> None:
-        self.target, self.layer_ids, self.cache, self.device = target, layer_ids, None, target.device
+    def __init__(self, target, proposer, num_draft: int, sampling: Sampling) -> None:
+        self.target, self.proposer, self.num_draft, self.sampling = target, proposer, num_draft, sampling
+        self.layer_ids, self.device = list(proposer.feature_layer_ids), target.device
+        self.cache = self.features = self.step_features = None
+        self.tokens: list[int] = []
+        self.prompt_len = self.p = 0
 
-    def prefill(self, input_ids: torch.Tensor):
-        logits, self.cache, features = _target_forward(self.target, self.layer_ids, input_ids, None)
-        return logits[-1], features
+    def prefill(self, input_ids: torch.Tensor) -> int:
+        self.proposer.reset()
+        logits, self.cache, self.features = _target_forward(self.target, self.layer_ids, input_ids.to(self.device), None)
+        self.tokens, self.prompt_len = input_ids[0].tolist(), int(input_ids.shape[1])
+        return next_token(logits[-1], self.sampling)
 
-    def verify(self, anchor: int, drafts: torch.Tensor):
-        block_ids = torch.cat([torch.tensor([anchor], device=self.device), drafts]).unsqueeze(0)
-        logits, self.cache, features = _target_forward(self.target, self.layer_ids, block_ids, self.cache)
-        return logits, features
+    def draft(self, generated: list[int]) -> Proposal:
+        self.tokens += generated[len(self.tokens) - self.prompt_len:]
+        self.p = len(self.tokens) - 1  # the anchor's position; the target has seen 0..p-1
+        if not self.num_draft:
+            return Proposal(torch.zeros(0, dtype=torch.long, device=self.device))
+        proposal = self.proposer.propose_block(self.tokens, self.features, self.num_draft, self.sampling)
+        return Proposal(proposal.tokens.to(self.device), None if proposal.q is None else proposal.q.to(self.device))
 
-    def keep(self, length: int) -> None:
-        crop_cache(self.cache, length)
+    def verify(self, proposal: Proposal):
+        block_ids = torch.cat([torch.tensor([self.tokens[-1]], device=self.device), proposal.tokens]).unsqueeze(0)
+        logits, self.cache, self.step_features = _target_forward(self.target, self.layer_ids, block_ids, self.cache)
+        return proposal, *accept(proposal, logits, self.sampling)
+
+    def accept(self, pending) -> tuple[list[int], int, int]:
+        proposal, accepted, bonus = pending
+        return proposal.tokens[:accepted].tolist(), accepted, bonus
+
+    def keep(self, accepted: int) -> None:
+        crop_cache(self.cache, self.p + accepted + 1)  # the verified positions: the anchor and the accepted drafts
+        feats = self.step_features
+        self.features = feats[:, : accepted + 1] if feats is not None else None
 
 
 def _block_size(proposer, block_size: int | None) -> int:
@@ -129,50 +151,8 @@ def speculative_generate(
     _check_single(input_ids)
     proposer = as_proposer(target, drafter)
     block = _block_size(proposer, block_size)
-    ledger = SpecLedger(max_new_tokens, block, stop_token_ids)
-    if ledger.finished:
-        return ledger.done()
-    proposer.reset()
-    sampling = Sampling(temperature, top_p, generator)
-    verifier = _HFVerifier(target, list(proposer.feature_layer_ids))
-    device = target.device
-    synchronize(device)
-    t0 = time.perf_counter()
-    logits, features = verifier.prefill(input_ids.to(device))
-    ledger.start(next_token(logits, sampling))
-    tokens = input_ids[0].tolist() + [ledger.last]
-    synchronize(device)
-    t1 = time.perf_counter()
-    ledger.result.prefill_time = t1 - t0
-    while not ledger.finished:
-        features = _spec_step(proposer, verifier, ledger, tokens, features, sampling)
-    synchronize(device)
-    ledger.result.decode_time = time.perf_counter() - t1
-    return ledger.done()
-
-
-def _spec_step(proposer, verifier: _HFVerifier, ledger: SpecLedger, tokens: list[int], features, sampling):
-    """One draft + verify + commit; extends ``tokens``; returns the next step's new features."""
-    p = len(tokens) - 1  # the anchor's position; the target has seen 0..p-1
-    device, num_draft = verifier.device, ledger.num_draft
-    ta = time.perf_counter()
-    if num_draft:
-        proposal = proposer.propose_block(tokens, features, num_draft, sampling)
-        proposal = Proposal(proposal.tokens.to(device), None if proposal.q is None else proposal.q.to(device))
-    else:
-        proposal = Proposal(torch.zeros(0, dtype=torch.long, device=device))
-    synchronize(device)
-    tb = time.perf_counter()
-    logits, feats = verifier.verify(tokens[-1], proposal.tokens)
-    accepted, bonus = accept(proposal, logits, sampling)
-    synchronize(device)
-    ledger.result.draft_time += tb - ta
-    ledger.result.verify_time += time.perf_counter() - tb
-    tokens += ledger.commit(proposal.tokens[:accepted].tolist(), accepted, bonus)
-    if ledger.finished:
-        return None
-    verifier.keep(p + accepted + 1)  # the verified positions: the anchor and the accepted drafts
-    return feats[:, : accepted + 1] if feats is not None else None
+    steps = _HFSteps(target, proposer, block - 1, Sampling(temperature, top_p, generator))
+    return speculative_loop(steps, input_ids, max_new_tokens, block, stop_token_ids, HostClock(target.device))
 
 
 @torch.no_grad()
@@ -192,27 +172,22 @@ def target_generate(
     check's near-tie diagnosis).
     """
     _check_single(input_ids)
-    stop = {int(t) for t in stop_token_ids}
-    device = target.device
-    ids = input_ids.to(device)
-    result, topk, sampling = GenResult([]), TopK(record_topk), Sampling(temperature, top_p, generator)
-    if max_new_tokens <= 0:
-        return result
-    cache, t1 = None, None
-    synchronize(device)
-    t0 = time.perf_counter()
-    while True:
-        logits, cache, _ = _target_forward(target, [], ids, cache)
-        topk.add(logits[-1])
-        tok = next_token(logits[-1], sampling)
-        result.tokens.append(tok)
-        if t1 is None:
-            synchronize(device)
-            t1 = time.perf_counter()
-            result.prefill_time = t1 - t0
-        if tok in stop or len(result.tokens) >= max_new_tokens:
-            break
-        ids = torch.tensor([[tok]], device=device)
-    synchronize(device)
-    result.decode_time = time.perf_counter() - t1
-    return topk.store(result)
+    steps = _HFPlainSteps(target, Sampling(temperature, top_p, generator))
+    return plain_loop(steps, input_ids, max_new_tokens, stop_token_ids, record_topk, HostClock(target.device))
+
+
+class _HFPlainSteps:
+    """The plain loop's engine steps (:class:`~.core.PlainSteps`) over a HF cache."""
+
+    def __init__(self, target, sampling: Sampling) -> None:
+        self.target, self.sampling, self.cache = target, sampling, None
+
+    def prefill(self, input_ids: torch.Tensor):
+        return self._forward(input_ids.to(self.target.device))
+
+    def step(self, token: int, position: int):
+        return self._forward(torch.tensor([[token]], device=self.target.device))
+
+    def _forward(self, ids: torch.Tensor):
+        logits, self.cache, _ = _target_forward(self.target, [], ids, self.cache)
+        return logits[-1], choose_next(logits[-1], self.sampling)

@@ -15,8 +15,10 @@ step has a fixed shape, so on CUDA it is captured once as a CUDA graph and repla
   the unused rows of the fixed-size input are written to the scratch slot, which no
   query can see;
 * one host sync per verify step: the drafts and the target's argmax come back together
-  (``B`` + ``B`` integers) to decide acceptance (:mod:`.core`'s longest matching prefix and
-  ledger, as in the reference loop). The drafts come from the drafter's chooser inside the
+  (``B`` + ``B`` integers) to decide acceptance (:mod:`.core`'s longest matching prefix). The
+  loop itself is the reference loop's: :func:`~.core.speculative_loop` and
+  :func:`~.core.plain_loop` run this engine's steps (:class:`_SpecSteps`, :class:`_PlainSteps`),
+  so the stop, budget, commit and timing rules are written once. The drafts come from the drafter's chooser inside the
   graphed draft step (:func:`~.core.block_chooser`: each slot's argmax for DFlash). The
   draft/verify time split comes from CUDA events, not from extra syncs: it is GPU time
   from the draft's inputs to the verify launch, and of the verify step itself.
@@ -57,12 +59,12 @@ from .cache import KVBuffers, capture_cuda_graph
 from .core import (
     GREEDY,
     GenResult,
-    SpecLedger,
     SpecResult,
-    TopK,
     block_chooser,
     compile_step,
     leading_matches,
+    plain_loop,
+    speculative_loop,
 )
 from .experts import CAPTURE_SAFE, experts_as, needs_capture_safe_experts
 from .fused import FusedProjections
@@ -193,10 +195,18 @@ class _Graphed:
 
 class _Clock:
     """Marks on the device's timeline for the draft/verify split: CUDA events on a GPU (no
-    extra host sync: read after the step's own sync), ``perf_counter`` on a CPU."""
+    extra host sync: read after the step's own sync), ``perf_counter`` on a CPU; totals
+    (:meth:`wall`) after a device sync (:class:`~.core.StepClock`)."""
 
     def __init__(self, device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
+
+    def wall(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def now(self):
+        return self.mark()
 
     def mark(self):
         if not self.cuda:
@@ -359,52 +369,9 @@ class StaticDecoder:
             return self._speculative(input_ids, max_new_tokens, stop_token_ids)
 
     def _speculative(self, input_ids: torch.Tensor, max_new_tokens: int, stop_token_ids) -> SpecResult:
-        prompt_len = input_ids.shape[1]
-        self._check_length(prompt_len, max_new_tokens)
-        ledger = SpecLedger(max_new_tokens, self.block, stop_token_ids)
-        if ledger.finished:
-            return ledger.done()
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        logits, features = self._prefill(input_ids, True)
-        ledger.start(int(logits[-1].argmax()))
-        synchronize(self.device)
-        t1 = time.perf_counter()
-        ledger.result.prefill_time = t1 - t0
-        p = prompt_len  # position of the last committed token; the target has seen 0..p-1
-        # the prompt's features enter the drafter's context eagerly (variable length)
-        self.anchor.fill_(ledger.last)
-        clock = _Clock(self.device)
-        mark_draft = clock.mark()
-        drafts = self._draft(features, torch.tensor(prompt_len, device=self.device),
-                             torch.tensor(p, device=self.device), self.anchor) if not ledger.finished else None
-        while not ledger.finished:
-            accepted, features = self._verify_and_commit(ledger, drafts, p, clock, mark_draft)
-            if not ledger.finished:
-                p += accepted + 1
-                mark_draft = clock.mark()
-                drafts = self._next_drafts(features, accepted + 1, p, ledger.last)
-        synchronize(self.device)
-        ledger.result.decode_time = time.perf_counter() - t1
-        return ledger.done()
-
-    def _verify_and_commit(self, ledger: SpecLedger, drafts: torch.Tensor, p: int, clock: _Clock, mark_draft):
-        """The graphed verify of ``[last, drafts]`` at ``p``, then greedy acceptance and the commit
-        (the one host sync of the step): (accepted drafts, the verified features)."""
-        num_draft = self.block - 1
-        self.verify_ids[0, 0] = ledger.last
-        self.verify_ids[0, 1:].copy_(drafts)
-        torch.add(self.offsets, p, out=self.verify_pos[0])
-        mark_verify = clock.mark()
-        both, features = self.verify_step()
-        mark_done = clock.mark()
-        both = both.tolist()  # the one host sync per verify step
-        ledger.result.draft_time += clock.seconds(mark_draft, mark_verify)
-        ledger.result.verify_time += clock.seconds(mark_verify, mark_done)
-        draft_list, choice = both[:num_draft], both[num_draft:]
-        accepted = leading_matches(draft_list, choice)
-        ledger.commit(draft_list, accepted, choice[accepted])
-        return accepted, features
+        self._check_length(input_ids.shape[1], max_new_tokens)
+        return speculative_loop(_SpecSteps(self), input_ids, max_new_tokens, self.block, stop_token_ids,
+                                _Clock(self.device))
 
     def _next_drafts(self, features: torch.Tensor, num_new: int, p: int, anchor: int) -> torch.Tensor:
         """The graphed draft step anchored at ``p`` after ``num_new`` verified features."""
@@ -422,28 +389,69 @@ class StaticDecoder:
             return self._plain_loop(input_ids, max_new_tokens, stop_token_ids, record_topk)
 
     def _plain_loop(self, input_ids, max_new_tokens, stop_token_ids, record_topk) -> GenResult:
-        prompt_len = input_ids.shape[1]
-        self._check_length(prompt_len, max_new_tokens)
-        stop, result, topk = {int(t) for t in stop_token_ids}, GenResult([]), TopK(record_topk)
-        if max_new_tokens <= 0:
-            return result
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        logits, _ = self._prefill(input_ids, False)
-        logits, t1 = logits[-1].float(), None
-        choice = logits.argmax()
-        while True:
-            topk.add(logits)
-            tok = int(choice)
-            result.tokens.append(tok)
-            if t1 is None:
-                t1 = time.perf_counter()
-                result.prefill_time = t1 - t0
-            if tok in stop or len(result.tokens) >= max_new_tokens:
-                break
-            self.plain_ids.fill_(tok)
-            self.plain_pos.fill_(prompt_len + len(result.tokens) - 1)
-            logits, choice = self.plain_step()
-        synchronize(self.device)
-        result.decode_time = time.perf_counter() - t1
-        return topk.store(result)
+        self._check_length(input_ids.shape[1], max_new_tokens)
+        return plain_loop(_PlainSteps(self), input_ids, max_new_tokens, stop_token_ids, record_topk, _Clock(self.device))
+
+
+class _SpecSteps:
+    """The static engine's speculative steps (:class:`~.core.SpecSteps`): the graphed draft step
+    (the first block eagerly, over the prompt's variable-length features), the graphed verify
+    step, and one host sync per step in :meth:`accept` (drafts and the target's argmax come back
+    together). Keeping a prefix moves no data: the next draft step brings the verified features,
+    and stale K/V (rejected drafts) are masked, then overwritten. Per step it writes only the
+    fixed input tensors the graphs read; nothing is allocated."""
+
+    def __init__(self, decoder: StaticDecoder) -> None:
+        self.d = decoder
+        self.features = self.prompt_len = self.p = self.num_new = None
+
+    def prefill(self, input_ids: torch.Tensor) -> int:
+        logits, self.features = self.d._prefill(input_ids, True)
+        first = int(logits[-1].argmax())
+        self.prompt_len = self.p = self.num_new = input_ids.shape[1]  # p: the anchor's position
+        self.d.anchor.fill_(first)
+        return first
+
+    def draft(self, generated: list[int]) -> None:
+        d, anchor = self.d, generated[-1]
+        if len(generated) == 1:  # the prompt's features enter the drafter's context eagerly (variable length)
+            drafts = d._draft(self.features, torch.tensor(self.prompt_len, device=d.device),
+                              torch.tensor(self.p, device=d.device), d.anchor)
+        else:
+            drafts = d._next_drafts(self.features, self.num_new, self.p, anchor)
+        d.verify_ids[0, 0] = anchor  # the verify step's inputs, written before its launch
+        d.verify_ids[0, 1:].copy_(drafts)
+        torch.add(d.offsets, self.p, out=d.verify_pos[0])
+
+    def verify(self, _block: None):
+        return self.d.verify_step()
+
+    def accept(self, pending) -> tuple[list[int], int, int]:
+        both, self.features = pending
+        both = both.tolist()  # the one host sync per verify step
+        num_draft = self.d.block - 1
+        draft_list, choice = both[:num_draft], both[num_draft:]
+        accepted = leading_matches(draft_list, choice)
+        return draft_list, accepted, choice[accepted]
+
+    def keep(self, accepted: int) -> None:
+        self.p += accepted + 1
+        self.num_new = accepted + 1
+
+
+class _PlainSteps:
+    """The static engine's plain steps (:class:`~.core.PlainSteps`): the prompt eagerly, then one
+    graphed one-token step (its inputs written in place; the argmax read after the logits are kept)."""
+
+    def __init__(self, decoder: StaticDecoder) -> None:
+        self.d = decoder
+
+    def prefill(self, input_ids: torch.Tensor):
+        logits, _ = self.d._prefill(input_ids, False)
+        logits = logits[-1].float()
+        return logits, logits.argmax()
+
+    def step(self, token: int, position: int):
+        self.d.plain_ids.fill_(token)
+        self.d.plain_pos.fill_(position)
+        return self.d.plain_step()

@@ -6,9 +6,16 @@ step's kept tokens (``kept_lengths``); older ones carry each step's acceptance a
 count is recovered exactly: every new token but the prefill's was committed by some step, so
 kept tokens = ``new_tokens - 1`` over ``len(acceptance_lengths)`` steps. A result with neither
 cannot be recounted; :func:`kept_and_steps` says so (None) rather than guess.
+
+The counting itself is :func:`dflash_train.decoding.core.tally`'s :class:`~dflash_train.decoding.core.Tally`
+(the one every engine's steps pass through); this module only reads a report's entries into it.
 """
 
 from __future__ import annotations
+
+from dflash_train.decoding.core import Tally
+
+_NAN = float("nan")
 
 
 def kept_and_steps(entry: dict) -> tuple[float, int] | None:
@@ -31,26 +38,29 @@ def _counts(entry: dict) -> tuple[float, int]:
     return counted
 
 
+def entries_tally(prompts: list[dict]) -> Tally:
+    """A report's per-prompt results as the one :class:`Tally` (kept tokens and steps per prompt;
+    the acceptance as verified where the entries carry it)."""
+    counts = [_counts(p) for p in prompts]
+    return Tally(kept=[k for k, _ in counts], steps=[s for _, s in counts],
+                 verified=[t for p in prompts for t in p.get("acceptance_lengths") or []])
+
+
 def prompt_tau(entry: dict) -> float:
     """One prompt's tau on kept tokens (0 when it ended at the prefill)."""
-    kept, steps = _counts(entry)
-    return kept / steps if steps else 0.0
+    return entries_tally([entry]).tau()
 
 
 def pooled_tau(prompts: list[dict]) -> float:
     """Tau pooled over every verify step of these prompts (a report's ``mean_tau``)."""
-    counts = [_counts(p) for p in prompts]
-    steps = sum(s for _, s in counts)
-    return sum(k for k, _ in counts) / steps if steps else float("nan")
+    return entries_tally(prompts).tau(_NAN)
 
 
 def per_prompt_tau(prompts: list[dict]) -> float:
     """The mean of the prompts' own taus (prompts with at least one verify step)."""
-    taus = [prompt_tau(p) for p in prompts if _counts(p)[1]]
-    return sum(taus) / len(taus) if taus else float("nan")
+    return entries_tally(prompts).per_prompt_tau(_NAN)
 
 
 def verified_tau(prompts: list[dict]) -> float:
     """Acceptance per step as verified, cut drafts included: how tau was counted before 2026-12-05."""
-    lengths = [t for p in prompts for t in p["acceptance_lengths"]]
-    return sum(lengths) / len(lengths) if lengths else float("nan")
+    return Tally(verified=[t for p in prompts for t in p["acceptance_lengths"]]).verified_tau(_NAN)

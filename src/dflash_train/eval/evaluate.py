@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_train.decoding.core import GenResult, SpecResult
+from dflash_train.decoding.core import GenResult, SpecResult, tally
 from dflash_train.decoding.speculative import speculative_generate, target_generate
 from dflash_train.files import atomic_write_text, explained, write_figure
 
@@ -90,35 +90,28 @@ def summarize(spec: list[SpecResult], plain: list[GenResult] | None, block_size:
     """Aggregate statistics: tau pooled over all verify steps of all prompts and averaged over
     prompts (:data:`TAU_DEFINITION`), the histogram and per-position rates of the acceptance as
     verified, times."""
-    taus = [t for r in spec for t in r.acceptance_lengths]
-    kept = sum(sum(r.kept_lengths) for r in spec)
-    stepped = [r for r in spec if r.kept_lengths]
-    hist = {str(k): 0 for k in range(1, block_size + 1)}
-    for t in taus:
-        hist[str(t)] = hist.get(str(t), 0) + 1
-    reached = [sum(r.position_reached[k] for r in spec) for k in range(block_size - 1)]
-    accepted = [sum(r.position_accepted[k] for r in spec) for k in range(block_size - 1)]
+    counted = tally(spec, block_size - 1)
     spec_tokens = sum(max(0, len(r.tokens) - 1) for r in spec)
     spec_time = sum(r.decode_time for r in spec)
     out = {
         "num_prompts": len(spec),
         "block_size": block_size,
-        "num_verify_steps": len(taus),
-        "mean_tau": _safe_div(kept, len(taus)),
-        "mean_tau_per_prompt": _safe_div(sum(r.mean_tau for r in stepped), len(stepped)),
+        "num_verify_steps": counted.num_steps,
+        "mean_tau": counted.tau(),
+        "mean_tau_per_prompt": counted.per_prompt_tau(),
         "tau_definition": TAU_DEFINITION,
-        "verified_tau": _safe_div(sum(taus), len(taus)),
-        "tau_per_prompt": [r.mean_tau for r in spec],
-        "acceptance_histogram": hist,
-        "per_position_reached": reached,
-        "per_position_accepted": accepted,
-        "per_position_acceptance": [_safe_div(a, r) if r else None for a, r in zip(accepted, reached)],
+        "verified_tau": counted.verified_tau(),
+        "tau_per_prompt": counted.prompt_taus(),
+        "acceptance_histogram": counted.histogram(block_size),
+        "per_position_reached": counted.position_reached,
+        "per_position_accepted": counted.position_accepted,
+        "per_position_acceptance": counted.position_rates(),
         "generated_tokens": sum(len(r.tokens) for r in spec),
         "spec_decode_tokens_per_s": _safe_div(spec_tokens, spec_time),
         "spec_draft_time_s": sum(r.draft_time for r in spec),
         "spec_verify_time_s": sum(r.verify_time for r in spec),
     }
-    steps = len(taus)
+    steps = counted.num_steps
     out["ms_per_draft_step"] = 1e3 * _safe_div(out["spec_draft_time_s"], steps)
     out["ms_per_verify_step"] = 1e3 * _safe_div(out["spec_verify_time_s"], steps)
     if plain is not None:

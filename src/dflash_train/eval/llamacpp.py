@@ -46,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_train.decoding.core import Tally, book_steps, tally
 from dflash_train.llamacpp import LLAMA_CPP_VERSION, LlamaCppError
 
 _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((-?\d+)\)")
@@ -191,14 +192,10 @@ def run_plain(cfg: EngineConfig, prompt: str, n: int) -> PlainRun:
 
 def kept_steps(committed: list[int], kept: int) -> tuple[int, list[int]]:
     """How many of the steps (``committed[i]`` tokens each, in order) produce the first ``kept``
-    tokens, and what each of them kept (the last one cut)."""
-    out, total = [], 0
-    for c in committed:
-        if total >= kept:
-            break
-        out.append(min(c, kept - total))
-        total += out[-1]
-    return len(out), out
+    tokens, and what each of them kept (the last one cut): the ledger's booking
+    (:func:`~dflash_train.decoding.core.book_steps`) after a prefill token."""
+    booked = book_steps([c - 1 for c in committed], kept + 1)
+    return len(booked.kept_lengths), booked.kept_lengths
 
 
 def engine_tau(steps: list[EngineStep], kept_tokens: int) -> dict:
@@ -207,9 +204,12 @@ def engine_tau(steps: list[EngineStep], kept_tokens: int) -> dict:
     if not steps:
         return {"tau": 0.0, "steps": 0, "kept_tokens": 0}
     first = steps[0].accepted + 1
-    n, kept = kept_steps([s.accepted + 1 for s in steps[1:]], max(0, kept_tokens - first))
-    committed = sum(kept) + min(first, kept_tokens) - 1  # tokens past the prefill-like first one
-    return {"tau": committed / n if n else 0.0, "steps": n, "kept_tokens": min(kept_tokens, first + sum(kept)),
+    booked = book_steps([s.accepted for s in steps[1:]], max(0, kept_tokens - first) + 1)
+    counted = tally([booked])
+    n, kept = counted.num_steps, sum(counted.kept)
+    # the first step's drafts past its first token (it accepted some) count as committed, the step does not
+    counted.kept[0] += min(first, kept_tokens) - 1
+    return {"tau": counted.tau(), "steps": n, "kept_tokens": min(kept_tokens, first + kept),
             "first_step": {"accepted": steps[0].accepted, "drafted": steps[0].drafted},
             "overrun_tokens": sum(s.accepted + 1 for s in steps) - kept_tokens,
             "overrun_steps": len(steps) - 1 - n}
@@ -307,7 +307,7 @@ def nearest_tie(rows, ours: list[int], engine_text: str, decode, k: int) -> dict
 
 def our_tau(tokens: int, steps: int) -> float:
     """Our rule on our decode: tokens past the prefill's over verify steps."""
-    return (tokens - 1) / steps if steps else 0.0
+    return Tally(kept=[tokens - 1], steps=[steps]).tau()
 
 
 # -- the evaluation --------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def evaluate_prompt(cfg: EngineConfig, prompt: str, n: int, reference: dict | No
         limit = None if spec_parting is None else steps_before(reference["accepted"], spec_parting["token"])
         record["alignment"] = align(spec.steps, reference["accepted"], cfg.n_draft, reference["stop_kept"], limit)
         record["ours_tau"] = our_tau(len(reference["tokens"]), len(reference["accepted"]))
-        record["ours_verified_tau"] = sum(a + 1 for a in reference["accepted"]) / max(1, len(reference["accepted"]))
+        record["ours_verified_tau"] = tally([book_steps(reference["accepted"], None)]).verified_tau()
         if plain is not None:
             record["engine_plain_equals_ours"] = plain.text == reference["plain_text"]
             # the prompt as llama.cpp tokenized it (its -lv 5 log) against ours; None: not in its log
@@ -348,8 +348,7 @@ def evaluate_prompt(cfg: EngineConfig, prompt: str, n: int, reference: dict | No
 def summarize(records: list[dict], n_draft: int) -> dict:
     """Pooled figures over prompts: tau by our rule for both decoders, the engine's own, speeds, verdicts."""
     def pooled(key_tokens, key_steps):
-        steps = sum(key_steps(r) for r in records)
-        return sum(key_tokens(r) for r in records) / steps if steps else 0.0
+        return Tally(kept=[key_tokens(r) for r in records], steps=[key_steps(r) for r in records]).tau()
 
     out = {
         "num_prompts": len(records), "n_draft": n_draft,

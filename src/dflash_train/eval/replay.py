@@ -36,11 +36,11 @@ import torch
 from dflash_train.cli_types import positive_int
 from dflash_train.decoding.core import (
     GREEDY,
-    SpecLedger,
     SpecResult,
     block_chooser,
     choose_independently,
     leading_matches,
+    speculative_loop,
 )
 from dflash_train.decoding.proposers import as_proposer, block_hidden, block_logits, drafter_setting
 from dflash_train.decoding.speculative import target_generate
@@ -150,16 +150,35 @@ def walk(sequence: list[int], prompt_len: int, max_new_tokens: int, num_draft: i
          accepted_at) -> SpecResult:
     """The verify steps of a greedy decode over ``sequence`` (prompt + the target's greedy
     tokens): ``accepted_at(p)`` is how many drafts from the block anchored at position
-    ``p`` match; it is called for increasing ``p``, as a real decode would draft."""
-    ledger = SpecLedger(max_new_tokens, num_draft + 1, stop)
-    if ledger.finished:
-        return ledger.done()
-    ledger.start(sequence[prompt_len])  # the prefill's token
-    while not ledger.finished:
-        p = prompt_len + len(ledger.generated) - 1  # the last committed token's position
-        accepted = accepted_at(p)
-        ledger.commit(sequence[p + 1: p + 1 + accepted], accepted, sequence[p + 1 + accepted])
-    return ledger.done()
+    ``p`` match; it is called for increasing ``p``, as a real decode would draft. The steps run
+    through the one speculative loop (:func:`~dflash_train.decoding.core.speculative_loop`), so
+    they stop, cut and count as a real decode's."""
+    return speculative_loop(_WalkSteps(sequence, prompt_len, accepted_at), None, max_new_tokens, num_draft + 1,
+                            stop)
+
+
+class _WalkSteps:
+    """Replay's engine steps (:class:`~dflash_train.decoding.core.SpecSteps`): the prefill's token
+    and every verify are read from the stored greedy continuation; drafting is ``accepted_at``."""
+
+    def __init__(self, sequence: list[int], prompt_len: int, accepted_at) -> None:
+        self.sequence, self.prompt_len, self.accepted_at = sequence, prompt_len, accepted_at
+
+    def prefill(self, _input_ids) -> int:
+        return self.sequence[self.prompt_len]
+
+    def draft(self, generated: list[int]) -> int:
+        return self.prompt_len + len(generated) - 1  # the last committed token's position
+
+    def verify(self, p: int) -> tuple[int, int]:
+        return p, self.accepted_at(p)
+
+    def accept(self, pending: tuple[int, int]) -> tuple[list[int], int, int]:
+        p, accepted = pending
+        return self.sequence[p + 1: p + 1 + accepted], accepted, self.sequence[p + 1 + accepted]
+
+    def keep(self, accepted: int) -> None:
+        pass  # a stored continuation has no cache to crop
 
 
 def _checked_sequence(prompt: torch.Tensor, continuation: list[int], max_new_tokens: int, num_draft: int):

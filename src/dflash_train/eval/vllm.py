@@ -32,11 +32,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dflash_train.decoding.core import Tally, book_steps, tally
 from dflash_train.eval.llamacpp import (
     NEAR_TIE_LOGITS,
     EngineStep,
     align,
-    kept_steps,
     steps_before,
     verdict_lines,
 )
@@ -70,14 +70,20 @@ def run_engine(python: Path, request: dict, log: Path, timeout: float = 600.0) -
 
 def tau_by_our_rule(accepted: list[int], new_tokens: int) -> dict:
     """Steps accepting ``accepted[i]`` drafts (``+ 1`` tokens each) after the prefill's token, booked by
-    our rule: the steps that produce tokens 2..``new_tokens``, each with what it kept."""
-    n, kept = kept_steps([a + 1 for a in accepted], max(0, new_tokens - 1))
-    return {"tau": sum(kept) / n if n else 0.0, "steps": n, "kept": sum(kept)}
+    our rule (:func:`~dflash_train.decoding.core.book_steps`): the steps that produce tokens
+    2..``new_tokens``, each with what it kept."""
+    counted = tally([book_steps(accepted, new_tokens)])
+    return {"tau": counted.tau(), "steps": counted.num_steps, "kept": sum(counted.kept)}
+
+
+def as_verified(accepted: list[int], n_draft: int | None = None) -> Tally:
+    """Every step booked uncut: the acceptance as verified (vLLM's own figures count it so)."""
+    return tally([book_steps(accepted, None, None if n_draft is None else n_draft + 1)])
 
 
 def per_position(accepted: list[int], n_draft: int) -> list[float]:
     """Per draft position: steps that accepted it / steps (not conditional on the positions before)."""
-    return [sum(a > i for a in accepted) / len(accepted) if accepted else 0.0 for i in range(n_draft)]
+    return as_verified(accepted, n_draft).position_shares()
 
 
 def engine_own(counters: dict, n_draft: int) -> dict:
@@ -130,11 +136,11 @@ def evaluate_prompt(plain: dict | None, spec: dict, reference: dict, n_draft: in
     record = {"engine_tokens": len(spec["tokens"]), "engine_seconds": spec["seconds"],
               "engine_accepted": accepted, "engine_drafted": drafted, "engine_own": own,
               "engine_tau": tau_by_our_rule(accepted, len(spec["tokens"])),
-              "engine_verified_tau": sum(a + 1 for a in accepted) / len(accepted) if accepted else 0.0,
+              "engine_verified_tau": as_verified(accepted).verified_tau(),
               "counters_equal_request_metrics": own["drafts"] == len(accepted) and own["accepted"] == sum(accepted),
               "ours_accepted": reference["accepted"], "ours_lossless": reference["lossless"],
               "ours_tau": tau_by_our_rule(reference["accepted"], len(reference["tokens"]))["tau"],
-              "ours_verified_tau": sum(a + 1 for a in reference["accepted"]) / max(1, len(reference["accepted"])),
+              "ours_verified_tau": as_verified(reference["accepted"]).verified_tau(),
               "engine_equals_ours": spec["tokens"] == reference["tokens"]}
     ids = reference["prompt_ids"]
     spec_parting = parting(target, ids, reference["plain"], spec["tokens"], "vLLM speculative")
@@ -152,8 +158,7 @@ def evaluate_prompt(plain: dict | None, spec: dict, reference: dict, n_draft: in
 
 
 def _pooled(records: list[dict], key: str) -> float:
-    steps = sum(r[key]["steps"] for r in records)
-    return sum(r[key]["kept"] for r in records) / steps if steps else 0.0
+    return Tally(kept=[r[key]["kept"] for r in records], steps=[r[key]["steps"] for r in records]).tau()
 
 
 def summarize(records: list[dict], n_draft: int) -> dict:
@@ -164,9 +169,10 @@ def summarize(records: list[dict], n_draft: int) -> dict:
     out = {
         "num_prompts": len(records), "n_draft": n_draft,
         "engine_tau": _pooled(records, "engine_tau"),
-        "ours_tau": sum(r["ours_tau"] * len(r["ours_accepted"]) for r in records) / max(1, len(ours_acc)),
-        "engine_verified_tau": sum(a + 1 for a in engine_acc) / max(1, len(engine_acc)),
-        "ours_verified_tau": sum(a + 1 for a in ours_acc) / max(1, len(ours_acc)),
+        "ours_tau": Tally(kept=[r["ours_tau"] * len(r["ours_accepted"]) for r in records],
+                          steps=[len(r["ours_accepted"]) for r in records]).tau(),
+        "engine_verified_tau": as_verified(engine_acc).verified_tau(),
+        "ours_verified_tau": as_verified(ours_acc).verified_tau(),
         "engine_mean_acceptance_length": 1 + sum(r["engine_own"]["accepted"] for r in records) / max(1, drafts),
         "engine_per_position": [sum(r["engine_own"]["per_position"][i] * r["engine_own"]["drafts"] for r in records)
                                 / max(1, drafts) for i in range(n_draft)],
