@@ -493,3 +493,16 @@ def verify_sidecar(path: str | Path) -> str | None:
     if got != want:
         return f"does not match its checksum {sidecar.name} (its bytes changed after it was written)"
     return None
+
+
+def verify_export(folder: str | os.PathLike) -> None:
+    """The exported folder's files against the ``checksums.json`` the export wrote last, before our
+    loader, llama.cpp's GGUF writer or vLLM reads them: weights whose bytes changed but still parse
+    would serve silently wrong drafts. A mismatch is one line naming the file. A folder without it
+    (a published drafter, an older export) is read as it is. The engines never read the extra
+    file: vLLM and SGLang read ``config.json`` and ``*.safetensors``, llama.cpp's converter those
+    and the tokenizer's files."""
+    problem = verify_checksums(Path(folder), missing_ok=True)
+    if problem is not None:
+        raise UserFacingError(f"exported drafter {folder}: {problem}; export it again (a file edited on purpose: "
+                              f"remove {CHECKSUMS})")

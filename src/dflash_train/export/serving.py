@@ -49,6 +49,7 @@ from dflash_train.files import (
     read_json,
     staged_folder,
     sweep_stale_temps,
+    verify_export,
 )
 from dflash_train.models.config import SLIDING_ATTENTION, DrafterConfig, TargetFacts, check_target_layer_ids
 from dflash_train.models.drafter import (
@@ -57,7 +58,6 @@ from dflash_train.models.drafter import (
     WEIGHTS_FILE,
     DFlashDrafter,
     serving_kind,
-    verify_export,
 )
 from dflash_train.models.kinds import get_kind, kind_source
 

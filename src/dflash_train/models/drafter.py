@@ -21,14 +21,9 @@ positions (num_blocks * block_size), ``h`` hidden size, ``n`` number of target f
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from dflash_train.files import CHECKSUMS, UserFacingError, verify_checksums
 
 try:  # flex_attention is optional: the dense path serves CPUs and older devices.
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -296,21 +291,6 @@ register_kind(DrafterKind())
 # the files of an exported (serving) drafter folder, as Hugging Face names them
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-def verify_export(folder: str | os.PathLike) -> None:
-    """The exported folder's files against the ``checksums.json`` the export wrote last, before our
-    loader, llama.cpp's GGUF writer or vLLM reads them: weights whose bytes changed but still parse
-    would serve silently wrong drafts. A mismatch is one line naming the file. A folder without it
-    (a published drafter, an older export) is read as it is. The engines never read the extra
-    file: vLLM and SGLang read ``config.json`` and ``*.safetensors``, llama.cpp's converter those
-    and the tokenizer's files."""
-    problem = verify_checksums(Path(folder), missing_ok=True)
-    if problem is not None:
-        raise UserFacingError(f"exported drafter {folder}: {problem}; export it again (a file edited on purpose: "
-                              f"remove {CHECKSUMS})")
-
-
 class _ServingKeys:
     """A serving config dict seen as the object with attributes that ``kind_of`` reads."""
 

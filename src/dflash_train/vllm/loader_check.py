@@ -98,8 +98,8 @@ def check_folder(drafter: str | os.PathLike, target: str | os.PathLike, python: 
     """Load ``drafter`` (an export) into vLLM's class for its kind; compare tensors and fields."""
     from safetensors.torch import load_file
 
-    from dflash_train.files import read_json
-    from dflash_train.models.drafter import CONFIG_FILE, WEIGHTS_FILE, serving_kind, verify_export
+    from dflash_train.files import read_json, verify_export
+    from dflash_train.models.drafter import CONFIG_FILE, WEIGHTS_FILE, serving_kind
     from dflash_train.vllm.install import find_python
 
     verify_export(drafter)
