@@ -27,8 +27,9 @@ PACKAGE = "dflash_train"
 # Bottom to top. Names on one line are peers: they import neither each other nor anything above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the package's __init__ (every import of ours runs it: it imports none of them; arrows to it are not
-    # counted), fault injection points (tests; the file helpers import them), the recipe files (data)
-    (PACKAGE, "faultpoints", "recipes"),
+    # counted), fault injection points (tests; the file helpers import them), the recipe files (data), the
+    # engines' orphan guard (standard library only: run by path in another Python)
+    (PACKAGE, "faultpoints", "recipes", "engine_guard"),
     ("files",),  # atomic writes, one-line file errors, checksums, read_text/read_json
     ("cli_types", "devices", "hf_compat", "engine_setup", "engine_process"),  # argparse types; torch devices; HF shims; engine installs and runs
     ("run_folder",),  # the run folder's names and its checkpoints' layout

@@ -21,7 +21,8 @@ OUT=${OUT:-$ROOT/docs/results/mutation}
 # module name -> "source file | the tests that cover it | a pytest -k filter (optional)": the objective's
 # training runs and torch.compile cases take 2-13 s each, hit by every mutant of the blocks and the
 # loss (a run of blocks.py with them: 17 mutants in 2 minutes); the chunked-vs-reference cases in
-# eager mode check the same numbers
+# eager mode check the same numbers. The decoding core: its own tests, the HF loop's and the
+# accounting's (about 25 s); the end-to-end sampling cases (15-21 s each) are left out
 SLOW="not learns_and_resumes and not compiled and not tiny_training"
 declare -A MODULES=(
   [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_eval_accounting.py"
@@ -31,7 +32,7 @@ declare -A MODULES=(
   [loss]="src/dflash_train/objective/loss.py|tests/objective|$SLOW"
   [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/test_run_folder.py"
   [tokenize]="src/dflash_train/data/tokenize.py|tests/data"
-  [core]="src/dflash_train/decoding/core.py|tests/decoding"
+  [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
   [serving]="src/dflash_train/export/serving.py|tests/export"
 )
 ORDER=(accounting weighting targets blocks loss checkpoint tokenize core serving)

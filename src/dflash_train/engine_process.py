@@ -20,22 +20,26 @@ last lines of its log::
 
 **No orphans.** The program's whole process group (vLLM's engine core included) is sent SIGTERM, then
 SIGKILL, on every way out of the wait: a failure, a timeout, an exception, Ctrl-C, and SIGTERM of our own
-process (turned into ``SystemExit(143)`` while an engine runs, so that the ``finally`` runs).
-A SIGKILL of our own process cannot be caught: the engine would then outlive it.
+process (turned into ``SystemExit(143)`` while an engine runs, so that the ``finally`` runs). What nothing
+in our process can catch (a SIGKILL of it, the out-of-memory killer) the group's leader does:
+:mod:`dflash_train.engine_guard` starts the program and kills the group within 0.1 s of our death.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from dflash_train import engine_guard
 from dflash_train.files import UserFacingError
 
 PROGRESS_ENV = "DFLASH_ENGINE_PROGRESS"  # a file the engine appends a line to at each step (optional)
@@ -147,6 +151,17 @@ def _progress_mark(path: Path | None) -> tuple[int, str]:
     return len(text), lines[-1].strip() if lines else ""
 
 
+def _unstartable(program: str) -> str | None:
+    """Why ``program`` cannot be started (the ``OSError`` text ``exec`` would give), or None. Checked here:
+    the guard, not this process, starts it."""
+    path = program if os.sep in program else shutil.which(program)
+    if path is None or not os.path.exists(path):
+        return os.strerror(2)  # No such file or directory
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return os.strerror(13)  # Permission denied
+    return None
+
+
 def run_engine_process(cmd: list[str], *, engine: str, what: str, log: Path, timeout: float,
                        stdout: Path | None = None, env: dict | None = None, progress: Path | None = None,
                        hint: str = "", error: type[Exception] | None = None) -> None:
@@ -161,13 +176,13 @@ def run_engine_process(cmd: list[str], *, engine: str, what: str, log: Path, tim
     if progress is not None:
         progress.unlink(missing_ok=True)
         env[PROGRESS_ENV] = str(progress)
+    why = _unstartable(cmd[0])
+    if why is not None:
+        raise error(f"{engine}: cannot start {what} ({cmd[0]}): {why}" + (f"; {hint}" if hint else ""))
+    guarded = [sys.executable, "-P", engine_guard.__file__, str(os.getpid()), "--", *cmd]
     with open(log, "w") as err_fh, open(stdout if stdout is not None else os.devnull, "w") as out_fh:
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_fh if stdout is not None else err_fh,
-                                    stderr=err_fh, env=env, start_new_session=True)
-        except OSError as err:
-            raise error(f"{engine}: cannot start {what} ({cmd[0]}): {err.strerror or err}"
-                              + (f"; {hint}" if hint else "")) from None
+        proc = subprocess.Popen(guarded, stdin=subprocess.DEVNULL, stdout=out_fh if stdout is not None else err_fh,
+                                stderr=err_fh, env=env, start_new_session=True)
         try:
             with sigterm_raises():
                 mark = _progress_mark(progress)

@@ -135,7 +135,7 @@ def test_a_cache_with_nothing_on_the_device_or_everything():
 
 
 def test_options_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="feature_cache must be off, device or cpu"):
+    with pytest.raises(ValueError, match="feature_cache must be off, device, cpu or disk"):
         load_config("cpu-demo", ["train.feature_cache=gpu"])
     with pytest.raises(ValueError, match="feature_cache stores features only"):
         load_config("cpu-demo", ["train.feature_cache=device", "objective.targets={ce: 0.5, kl: 0.5}"])
