@@ -141,18 +141,46 @@ def test_greedy_accept_rule():
 
 
 def test_context_cache_extend_and_crop():
+    """Appending: what comes back is every position held, in order (the reference: a cat of all the
+    K/V given), across buffer growth, a crop and a reset."""
     cache = DrafterContextCache()
     k1, v1 = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
     k2, v2 = torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4)
     for layer in range(2):
-        assert cache.extend(layer, k1, v1)[0] is k1
+        k, v = cache.extend(layer, k1, v1)
+        assert torch.equal(k, k1) and torch.equal(v, v1)
     k, v = cache.extend(0, k2, v2)
     assert torch.equal(k, torch.cat([k1, k2], 2)) and torch.equal(v, torch.cat([v1, v2], 2))
     assert len(cache) == 5
     cache.crop(4)
-    assert cache.keys[0].shape[2] == 4 and cache.keys[1].shape[2] == 3
+    assert cache.lengths == [4, 3]
+    k, _ = cache.extend(1, k2, v2)
+    assert torch.equal(k, torch.cat([k1, k2], 2))
+    ks = [torch.randn(1, 2, n, 4) for n in (1, 5, 2, 9, 1)]  # grows past twice its size, then within it
+    k, _ = cache.extend(0, ks[0], ks[0])
+    for more in ks[1:]:
+        k, v = cache.extend(0, more, more)
+    assert torch.equal(k, torch.cat([k1, k2[:, :, :1], *ks], 2))
+    assert torch.equal(v, torch.cat([v1, v2[:, :, :1], *ks], 2))
     cache.reset()
     assert len(cache) == 0
+
+
+def test_context_cache_slotted_writes_at_its_slots_and_returns_them_all():
+    """Slotted (the static engine's): rows go to ``write_pos`` (unwanted rows to a scratch slot), cast to
+    the cache's dtype, and every slot comes back, at a fixed address."""
+    cache = DrafterContextCache.slotted(2, 2, 4, 6, torch.float64, "cpu")
+    address = cache.k[1].data_ptr()
+    k = torch.randn(1, 2, 3, 4)
+    cache.write_pos = torch.tensor([0, 1, 5])
+    got, _ = cache.extend(1, k, k)
+    cache.write_pos = torch.tensor([2, 5, 5])
+    got, _ = cache.extend(1, 2 * k, 2 * k)
+    assert got.shape == (1, 2, 6, 4) and got.dtype == torch.float64 and got.data_ptr() == address
+    want = torch.zeros(1, 2, 6, 4, dtype=torch.float64)
+    want[:, :, 0:2], want[:, :, 2] = k[:, :, 0:2], 2 * k[:, :, 0]
+    assert torch.equal(got[:, :, :3], want[:, :, :3]) and not got[:, :, 3:5].any()
+    assert not cache.k[0].any()
 
 
 @pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])

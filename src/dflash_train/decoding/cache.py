@@ -1,4 +1,4 @@
-"""Fixed-address K/V buffers and CUDA-graph capture, shared by the decoding engines.
+"""The decoding caches (the target's K/V, the drafter's context K/V) and CUDA-graph capture.
 
 A CUDA graph replays kernels on the addresses it saw at capture, so everything a
 captured decoding step reads or writes must live in tensors allocated once:
@@ -6,6 +6,9 @@ captured decoding step reads or writes must live in tensors allocated once:
 positions, never grows) whose per-layer storage is one flat allocation reshaped per
 bucket shape, and :func:`capture_cuda_graph` records one such step. Used by the batched
 generator (:mod:`.batched`) and the static-shape speculative decoder (:mod:`.static`).
+
+:class:`DrafterContextCache` is the drafter's one context cache, for every engine: the reference
+loop and replay append to it, the static engine writes it at fixed slots (``slotted``).
 """
 
 from __future__ import annotations
@@ -82,6 +85,80 @@ class KVBuffers:
 
     def __len__(self) -> int:
         return self.num_layers
+
+
+class DrafterContextCache:
+    """Per-layer K/V of the drafter's *context* positions (never block K/V), in buffers it owns.
+
+    ``DFlashAttention.forward`` calls :meth:`extend` with the K/V of the new context positions
+    (RoPE already applied) and attends over what it returns. One class, two ways to write:
+
+    * **appending** (``DrafterContextCache()``: the reference loop, replay): the new positions go
+      after those held, and the held ones come back (a view of the buffer). Buffers are allocated
+      at the first ``extend`` and double when full, so a long answer costs amortized O(1) copies per
+      step instead of a ``cat`` of the whole context. All layers see the same new positions: the
+      cache's length is layer 0's.
+    * **slotted** (:meth:`slotted`: the static engine, whose CUDA graph needs fixed shapes and
+      addresses): ``slots`` positions preallocated per layer; before each forward the caller sets
+      ``write_pos`` (one slot per new row; rows it does not want go to a scratch slot), and
+      :meth:`extend` returns every slot: the caller's mask hides what a query must not see.
+    """
+
+    def __init__(self) -> None:
+        self.k: list[torch.Tensor] = []  # per layer: [b, kv_heads, capacity, d]
+        self.v: list[torch.Tensor] = []
+        self.lengths: list[int] = []  # appending: positions held per layer
+        self.write_pos: torch.Tensor | None = None  # slotted: where the next rows go
+
+    @classmethod
+    def slotted(cls, num_layers: int, kv_heads: int, head_dim: int, slots: int, dtype, device) -> DrafterContextCache:
+        """Fixed buffers of ``slots`` positions per layer, written at ``write_pos``."""
+        cache = cls()
+        shape = (1, kv_heads, slots, head_dim)
+        cache.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        cache.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        cache.write_pos = torch.zeros(0, dtype=torch.long, device=device)
+        return cache
+
+    def extend(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add ``k``/``v`` [b, kv_heads, new, d]; return this layer's K/V: the held positions
+        (appending) or every slot (slotted)."""
+        if self.write_pos is not None:
+            self.k[layer_idx].index_copy_(2, self.write_pos, k.to(self.k[layer_idx].dtype))
+            self.v[layer_idx].index_copy_(2, self.write_pos, v.to(self.v[layer_idx].dtype))
+            return self.k[layer_idx], self.v[layer_idx]
+        if layer_idx == len(self.k):
+            self.k.append(k.new_empty(*k.shape[:2], 0, k.shape[3]))
+            self.v.append(v.new_empty(*v.shape[:2], 0, v.shape[3]))
+            self.lengths.append(0)
+        start, end = self.lengths[layer_idx], self.lengths[layer_idx] + k.shape[2]
+        if end > self.k[layer_idx].shape[2]:
+            self._grow(layer_idx, max(end, 2 * self.k[layer_idx].shape[2]))
+        self.k[layer_idx][:, :, start:end] = k
+        self.v[layer_idx][:, :, start:end] = v
+        self.lengths[layer_idx] = end
+        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+
+    def _grow(self, layer_idx: int, capacity: int) -> None:
+        held = self.lengths[layer_idx]
+        for buffers in (self.k, self.v):
+            old = buffers[layer_idx]
+            buffers[layer_idx] = old.new_empty(*old.shape[:2], capacity, old.shape[3])
+            buffers[layer_idx][:, :, :held] = old[:, :, :held]
+
+    def get_seq_length(self) -> int:
+        return self.lengths[0] if self.lengths else 0
+
+    def __len__(self) -> int:
+        return self.get_seq_length()
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` context positions of every layer (appending)."""
+        self.lengths = [min(n, length) for n in self.lengths]
+
+    def reset(self) -> None:
+        """Nothing held (appending); the buffers are dropped."""
+        self.k, self.v, self.lengths = [], [], []
 
 
 def capture_cuda_graph(fn):

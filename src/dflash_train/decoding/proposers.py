@@ -2,8 +2,8 @@
 
 A DFlash block anchored at position ``p`` is ``[anchor, MASK x n]`` at positions
 ``p .. p+n``; the drafter attends over the target's context features of positions ``< p``
-(cached per layer as K/V: :class:`DrafterContextCache` in the reference loop, fixed
-buffers in the static engine) and over the block itself. Its states at block slots
+(cached per layer as K/V in :class:`~.cache.DrafterContextCache`: appended in the reference
+loop, at fixed slots in the static engine) and over the block itself. Its states at block slots
 ``1 .. n``, through the target's lm_head, are the draft logits. :func:`block_hidden` and
 :func:`block_logits` are that forward, shared by :class:`DFlashProposer` (the reference
 loop and replay), the static engine's graphed draft step and replay's all-blocks forward.
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from dflash_train.models.attention import decode_masks
 
+from .cache import DrafterContextCache
 from .core import BlockProposer, FromLogits, LogitsProposer, Proposal, Sampling, block_chooser
 
 
@@ -42,45 +43,6 @@ def block_logits(target, hidden: torch.Tensor) -> torch.Tensor:
     """Float draft logits of drafter states ``hidden`` [..., H] through the target's lm_head."""
     weight = target.lm_head_weight
     return F.linear(hidden.to(weight.dtype), weight).float()
-
-
-class DrafterContextCache:
-    """Per-layer K/V of the drafter's *context* positions (never block K/V).
-
-    ``DFlashAttention.forward`` calls :meth:`extend` with the K/V of the new context
-    positions (RoPE already applied) and attends over the full returned tensors.
-    All layers see the same new positions, so the cache length is layer 0's.
-    """
-
-    def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-
-    def extend(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``k``/``v`` [b, kv_heads, new, d]; return this layer's full cached K/V."""
-        if layer_idx in self.keys:
-            k = torch.cat([self.keys[layer_idx], k], dim=2)
-            v = torch.cat([self.values[layer_idx], v], dim=2)
-        self.keys[layer_idx], self.values[layer_idx] = k, v
-        return k, v
-
-    def get_seq_length(self) -> int:
-        if not self.keys:
-            return 0
-        return next(iter(self.keys.values())).shape[2]
-
-    def __len__(self) -> int:
-        return self.get_seq_length()
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` context positions of every layer."""
-        for i in list(self.keys):
-            self.keys[i] = self.keys[i][:, :, :length]
-            self.values[i] = self.values[i][:, :, :length]
-
-    def reset(self) -> None:
-        self.keys.clear()
-        self.values.clear()
 
 
 class DFlashProposer:

@@ -26,6 +26,7 @@ import torch
 
 from dflash_train.hf_compat import cache_kwarg
 
+from .cache import DrafterContextCache
 from .core import (
     GenResult,
     HostClock,
@@ -41,7 +42,7 @@ from .core import (
     speculative_loop,
     warp,
 )
-from .proposers import DFlashProposer, DrafterContextCache, as_proposer
+from .proposers import DFlashProposer, as_proposer
 
 __all__ = [  # the loops, and the core names this module has always offered
     "DFlashProposer", "DrafterContextCache", "GenResult", "SpecResult", "as_proposer", "crop_cache",

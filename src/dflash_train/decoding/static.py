@@ -10,7 +10,7 @@ step has a fixed shape, so on CUDA it is captured once as a CUDA graph and repla
   a step writes ``q`` new positions (1 for plain decoding, ``B`` for verification) and
   masks keys after each query's position, so stale entries (rejected drafts) are never
   seen and are overwritten by the next step. No crop is needed;
-* drafter: its context K/V live in :class:`StaticDrafterCache` (``L`` slots + one
+* drafter: its context K/V live in a slotted :class:`~.cache.DrafterContextCache` (``L`` slots + one
   scratch slot). Each step brings up to ``B`` new context features (the verified ones);
   the unused rows of the fixed-size input are written to the scratch slot, which no
   query can see;
@@ -55,7 +55,7 @@ from dflash_train.devices import synchronize
 from dflash_train.hf_compat import cache_kwarg
 from dflash_train.models.attention import decode_masks
 
-from .cache import KVBuffers, capture_cuda_graph
+from .cache import DrafterContextCache, KVBuffers, capture_cuda_graph
 from .core import (
     GREEDY,
     GenResult,
@@ -75,25 +75,6 @@ from .skinny import check_linear_mode, skinny_linear
 MODES = ("auto", "eager", "cudagraph")
 STEPS = ("plain", "verify", "draft")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # ours capture the graph: no inductor cudagraphs
-
-
-class StaticDrafterCache:
-    """Drafter context K/V in fixed buffers; :meth:`extend` writes rows at ``write_pos``.
-
-    Same interface as :class:`~.speculative.DrafterContextCache` (``DFlashAttention``
-    calls ``extend`` and attends over what it returns), but the returned tensors always
-    span ``slots`` positions; the caller's mask decides which are visible."""
-
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, slots: int, dtype, device):
-        shape = (1, kv_heads, slots, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.write_pos: torch.Tensor | None = None
-
-    def extend(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
-        self.keys[layer_idx].index_copy_(2, self.write_pos, k.to(self.keys[layer_idx].dtype))
-        self.values[layer_idx].index_copy_(2, self.write_pos, v.to(self.values[layer_idx].dtype))
-        return self.keys[layer_idx], self.values[layer_idx]
 
 
 class _LayerTap:
@@ -266,8 +247,8 @@ class StaticDecoder:
         self.kv = KVBuffers.for_model(target.model, self.device)
         self.kv.view(1, self.max_len)
         first = drafter.layers[0].self_attn
-        self.dcache = StaticDrafterCache(len(drafter.layers), first.num_kv_heads, first.head_dim, self.max_len + 1,
-                                         self.drafter_dtype, self.device)
+        self.dcache = DrafterContextCache.slotted(len(drafter.layers), first.num_kv_heads, first.head_dim,
+                                                  self.max_len + 1, self.drafter_dtype, self.device)
         self.cols = torch.arange(self.max_len, device=self.device)
         self.grouped_attention = grouped_attention
         self.linear = check_linear_mode(linear)
