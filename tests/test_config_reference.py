@@ -194,3 +194,23 @@ def test_the_kinds_table_lists_every_registered_kind_and_its_settings():
         assert f"`{get_kind(name).architecture}`" in rows[name]
         for key in [*get_kind(name).options, *terms_of(name).options]:
             assert f"`{key}: " in rows[name], (name, key)
+
+
+@dataclass
+class Base:
+    kept: int = 1  # meant in the base
+    redone: int = 2  # the base's meaning, replaced below
+
+
+@dataclass
+class Derived(Base):
+    redone: int = 3  # the derived class's meaning
+    own: bool = False
+
+
+def test_an_inherited_field_is_documented_where_it_is_defined():
+    """TrainConfig's tracking keys are written in tracking/<backend>.py: their comments are read there."""
+    assert ref.field_comments(Derived) == {"kept": "meant in the base", "redone": "the derived class's meaning"}
+    keys = {k.name: k.help for k in ref.iter_keys(Derived, "d")}
+    assert keys == {"d.kept": "meant in the base", "d.redone": "the derived class's meaning", "d.own": ""}
+    assert "| `train.wandb_mode` | `str \\| None` | `null` | online, offline (no network;" in ref.render_markdown()

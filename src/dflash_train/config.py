@@ -25,7 +25,7 @@ from dflash_train.data import DataConfig
 from dflash_train.files import UserFacingError, read_text
 from dflash_train.models.config import DrafterConfig
 from dflash_train.objective.config import ObjectiveConfig
-from dflash_train.tracking.registry import DEFAULT_LOGGERS, check_config
+from dflash_train.tracking.registry import DEFAULT_LOGGERS, TrackingSettings, check_config
 
 
 def _refuse_fp8_on_cpu(key: str, device: str) -> None:
@@ -122,7 +122,12 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
+class _TrainHead:
+    """``TrainConfig``'s keys up to ``loggers``. A base class only so that the tracking backends' keys
+    (``tracking.registry.TrackingSettings``, the next base) come right after ``loggers`` in every
+    listing (docs/config.md, ``dflash-train config``, a run's saved config): a dataclass lists its
+    bases' fields before its own."""
+
     run_dir: str = "runs/dflash"  # the run folder: checkpoints, metrics, config, summary (one run at a time: a lock)
     seed: int = 0  # seeds the drafter's init, the anchors and the batch order
     epochs: float = 1.0  # passes over the data (max_steps / the time budget may stop earlier)
@@ -156,16 +161,16 @@ class TrainConfig:
     # dflash-train[wandb] / [mlflow]). Only the main rank logs; a backend that cannot start stops the run
     # before the target loads, one that fails mid-run is a warning and is dropped
     loggers: list[str] = field(default_factory=lambda: list(DEFAULT_LOGGERS))
-    wandb_project: str | None = None  # the wandb project (null: $WANDB_PROJECT, else dflash-train)
-    wandb_entity: str | None = None  # the wandb team or user (null: your default entity)
-    # online, offline (no network; `wandb sync` uploads later) or disabled; null: $WANDB_MODE, else online
-    wandb_mode: str | None = None
-    wandb_dir: str | None = None  # where wandb writes its run folders (null: the run folder, RUN/wandb/)
-    # MLflow's store: a tracking server (http://HOST:5000), sqlite:///PATH.db, databricks, ...; null:
-    # $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder
-    mlflow_tracking_uri: str | None = None
-    # the MLflow experiment (null: $MLFLOW_EXPERIMENT_NAME, else dflash-train)
-    mlflow_experiment: str | None = None
+
+
+@dataclass
+class TrainConfig(TrackingSettings, _TrainHead):
+    """The ``train`` section. Its keys: ``_TrainHead``'s (``run_dir`` ... ``loggers``), then each tracking
+    backend's own (``wandb_project``, ``mlflow_tracking_uri``, ...), then these. A backend's keys are the
+    fields of the ``train_keys`` dataclass in its module (tracking/wandb.py's ``WandbSettings``,
+    tracking/mlflow.py's ``MlflowSettings``), with their meanings; ``tracking.registry.TrackingSettings``
+    joins them, so a new backend's keys need no line here."""
+
     progress: bool = True  # a progress bar on the terminal
     save_every_steps: int = 0  # 0: only at the end (and on SIGTERM/SIGINT)
     save_every_minutes: float = 0.0  # of training time (agreed by all ranks), like time_budget_minutes

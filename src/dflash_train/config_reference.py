@@ -5,7 +5,9 @@ meaning is written once, as a comment in the source next to the field: either on
 line (``lr: float = 6e-4  # peak learning rate``) or as a block of comment lines directly above it.
 This module finds those comments with ``ast`` (where each field starts and ends) and ``tokenize``
 (where the comments are), and renders one Markdown table per section: key, type, default, meaning.
-A field with no comment shows ``(undocumented)``; ``undocumented_keys()`` lists them.
+An inherited field's comment is read in the class that defines it (the tracking backends' keys of
+``train``: ``tracking/<backend>.py``). A field with no comment shows ``(undocumented)``;
+``undocumented_keys()`` lists them.
 
 ``docs/config.md`` is this module's output, committed; a test regenerates it and fails when the
 dataclasses changed without it. Regenerate with::
@@ -76,7 +78,23 @@ def _block_above(row: int, comments: dict[int, str], only_comment: set[int]) -> 
 
 @cache
 def field_comments(cls: type) -> dict[str, str]:
-    """``{field name: its comment}`` for the fields of dataclass ``cls`` that have one.
+    """``{field name: its comment}`` for the fields of dataclass ``cls`` that have one, each read in
+    the class that defines it: an inherited field's meaning is written in its base class's source
+    (``config.TrainConfig``'s tracking keys: tracking/wandb.py's ``WandbSettings``, ...). The most
+    derived class that annotates a field defines it, as for ``dataclasses``."""
+    found: dict[str, str] = {}
+    defined: set[str] = set()
+    for klass in cls.__mro__:
+        own = _own_comments(klass)
+        names = set(inspect.get_annotations(klass)) - defined
+        found.update({name: own[name] for name in names if name in own})
+        defined |= names
+    return found
+
+
+@cache
+def _own_comments(cls: type) -> dict[str, str]:
+    """The comments of the fields written in ``cls``'s own body (not its bases').
 
     The block of comment lines directly above a field comes first, then any comment on the
     field's own lines (a field may span several lines); lines join with spaces.
@@ -227,7 +245,8 @@ command line as `section.key=value`; the value parses as YAML (`train.max_steps=
 after the overrides, validated. Its output is itself a config file.
 
 Defaults below are YAML literals. The meanings are the comments next to the fields in the source
-(`src/dflash_train/config.py`, `data/__init__.py`, `models/config.py`).
+(`src/dflash_train/config.py`, `data/__init__.py`, `models/config.py`; a logging backend's own keys
+in its module, `tracking/wandb.py`, `tracking/mlflow.py`).
 """
 
 

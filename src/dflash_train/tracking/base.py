@@ -12,7 +12,11 @@ A backend is a class (named in ``registry.BACKENDS``) whose objects are sinks:
   one line naming the key; it runs before the target model loads;
 * ``Backend(settings)`` opens it (starts or reopens the tracked run);
 * ``log(step, record)``, ``rewind(step)`` (a resume from the checkpoint of ``step``: what was
-  logged after it must not stay, or must not be sent twice) and ``close()``.
+  logged after it must not stay, or must not be sent twice) and ``close()``;
+* ``train_keys``: its own config keys as a dataclass in its module (``wandb.WandbSettings``), or
+  None; ``config.TrainConfig`` inherits them (``registry.TrackingSettings``), so they are set as
+  ``train.wandb_mode``. ``check_config(train)`` checks their values, ``resumable`` names those a
+  resume may change (``keys_of``).
 
 ``metrics.jsonl`` is the run's record (the resume, ``summary.json`` and ``dflash-train curve``
 read it), so its sink is ``required``: a failed write stops the run in one line, as before.
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +53,7 @@ class SinkSettings:
     """What a backend is checked and opened with."""
 
     run_dir: Path
-    # the job's config.TrainConfig (train.loggers, each backend's own keys: train.wandb_*, train.mlflow_*);
+    # the job's config.TrainConfig (train.loggers, each backend's own keys: its train_keys, train.wandb_*, ...);
     # None: the defaults (registry.DEFAULT_LOGGERS). Typed loosely: config.py sits above this package
     train: Any = None
     config: dict = field(default_factory=dict)  # the resolved job config: wandb's config, MLflow's params
@@ -70,6 +74,11 @@ class Sink(Protocol):
     def rewind(self, step: int) -> None: ...
 
     def close(self) -> None: ...
+
+
+def keys_of(train_keys: type) -> tuple[str, ...]:
+    """A backend's ``train_keys`` dataclass as the dotted keys a user writes: ``("train.wandb_mode", ...)``."""
+    return tuple(f"train.{f.name}" for f in fields(train_keys))
 
 
 def one_line(err: BaseException, limit: int = 240) -> str:

@@ -79,7 +79,8 @@ class JsonlSink:
 
     name = "jsonl"
     required = True
-    resumable = ()  # no keys of its own (RUN/metrics.jsonl)
+    train_keys = None  # no keys of its own (RUN/metrics.jsonl)
+    resumable = ()
 
     @staticmethod
     def check_config(train) -> None:

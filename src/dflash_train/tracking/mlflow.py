@@ -23,13 +23,25 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_train.tracking.base import SinkUnavailable, one_line, save_run, saved_run, scalars
+from dflash_train.tracking.base import SinkUnavailable, keys_of, one_line, save_run, saved_run, scalars
 
 DEFAULT_EXPERIMENT = "dflash-train"
 PARAMS_PER_CALL = 100  # MLflow's limit on params (and tags) in one log_batch
 PARAM_LENGTH = 6000  # MLflow's limit on a param value's length
+
+
+@dataclass
+class MlflowSettings:
+    """MLflow's keys, set as ``train.mlflow_tracking_uri`` and so on (``config.TrainConfig`` inherits them)."""
+
+    # MLflow's store: a tracking server (http://HOST:5000), sqlite:///PATH.db, databricks, ...; null:
+    # $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working folder
+    mlflow_tracking_uri: str | None = None
+    # the MLflow experiment (null: $MLFLOW_EXPERIMENT_NAME, else dflash-train)
+    mlflow_experiment: str | None = None
 
 
 def _import_mlflow():
@@ -80,8 +92,8 @@ def _last_step(client, run_id: str) -> int:
 class MlflowSink:
     name = "mlflow"
     required = False
-    # its keys (config.TrainConfig); where the records go, not what trains: each may change on a resume
-    resumable = ("train.mlflow_tracking_uri", "train.mlflow_experiment")
+    train_keys = MlflowSettings
+    resumable = keys_of(MlflowSettings)  # where the records go, not what trains: each may change on a resume
 
     @staticmethod
     def check_config(train) -> None:

@@ -1,15 +1,20 @@
-"""The backends by name (``train.loggers``), and opening the ones a job names.
+"""The backends by name (``train.loggers``), their keys as one settings base, and opening the ones a job names.
 
-Names map to ``module:Class`` strings; a backend's module is imported when it is asked for. Each
-backend declares, in its own module, what ``config.py`` and ``train/checkpoint.py`` ask of it:
-``check_config(train)`` (its keys' values, when a config is read) and ``resumable`` (its keys that may
-change on a resume). Those modules import no optional package (``wandb``, ``mlflow``) until a
-backend is checked or opened. A fifth backend is one module in this package, one line here, and its
-tests (its keys are still fields of ``config.TrainConfig``, and its package an extra in pyproject.toml).
+Names map to ``module:Class`` strings. Each backend declares, in its own module, what ``config.py``
+and ``train/checkpoint.py`` ask of it: ``train_keys`` (its own config keys: a dataclass of fields
+named ``<backend>_...``, with their defaults and their meanings as comments), ``check_config(train)``
+(their values, when a config is read) and ``resumable`` (its keys that may change on a resume).
+``TrackingSettings`` joins every backend's ``train_keys`` into one dataclass, and
+``config.TrainConfig`` inherits it: the keys stay flat (``train.wandb_mode``), and docs/config.md
+documents them from the backend's comments. Building it imports every backend module, so those
+import no optional package (``wandb``, ``mlflow``) until a backend is checked or opened. A fifth
+backend is one module in this package, one line here, and its tests (and its package an extra in
+pyproject.toml).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 BACKENDS = {
@@ -20,6 +25,30 @@ BACKENDS = {
 }
 RECORD = "jsonl"  # metrics.jsonl: always on (resume and the summary read it), listed or not
 DEFAULT_LOGGERS = ("jsonl", "tensorboard")  # train.loggers' default (config.py)
+
+
+def _train_keys() -> list[type]:
+    """Every backend's ``train_keys`` dataclass, in ``BACKENDS`` order; a key must start with its
+    backend's name (``wandb_``) so that no backend can shadow a training key or another backend's."""
+    found = []
+    for name in BACKENDS:
+        keys = backend(name).train_keys
+        if keys is None:
+            continue
+        stray = [f.name for f in dataclasses.fields(keys) if not f.name.startswith(f"{name}_")]
+        if stray:
+            raise ValueError(f"tracking backend {name}: its keys must start with {name}_, got {stray}")
+        found.append(keys)
+    return found
+
+
+def _tracking_settings() -> type:
+    """One dataclass holding every backend's keys, ``config.TrainConfig``'s base. A dataclass lists
+    its bases' fields base-most first (its MRO reversed), so the bases go in reverse to list the
+    backends' keys in ``BACKENDS`` order."""
+    bases = tuple(reversed(_train_keys()))
+    doc = "Every tracking backend's own keys (registry.BACKENDS' train_keys), which config.TrainConfig inherits."
+    return dataclasses.dataclass(type("TrackingSettings", bases, {"__doc__": doc}))
 
 
 def check_names(loggers) -> None:
@@ -46,6 +75,9 @@ def _loggers(settings) -> list[str]:
 def backend(name: str) -> type:
     module, cls = BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+TrackingSettings = _tracking_settings()
 
 
 def check_config(train) -> None:

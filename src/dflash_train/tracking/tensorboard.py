@@ -26,7 +26,8 @@ def _writer(folder: Path, **kwargs):
 class TensorBoardSink:
     name = "tensorboard"
     required = False
-    resumable = ()  # no keys of its own (RUN/tensorboard)
+    train_keys = None  # no keys of its own (RUN/tensorboard)
+    resumable = ()
 
     @staticmethod
     def check_config(train) -> None:

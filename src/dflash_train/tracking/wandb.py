@@ -18,10 +18,12 @@ and the terminal are the record.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_train.tracking.base import (
     SinkUnavailable,
+    keys_of,
     one_line,
     save_run,
     saved_run,
@@ -30,6 +32,17 @@ from dflash_train.tracking.base import (
 )
 
 DEFAULT_PROJECT = "dflash-train"
+
+
+@dataclass
+class WandbSettings:
+    """wandb's keys, set as ``train.wandb_project`` and so on (``config.TrainConfig`` inherits them)."""
+
+    wandb_project: str | None = None  # the wandb project (null: $WANDB_PROJECT, else dflash-train)
+    wandb_entity: str | None = None  # the wandb team or user (null: your default entity)
+    # online, offline (no network; `wandb sync` uploads later) or disabled; null: $WANDB_MODE, else online
+    wandb_mode: str | None = None
+    wandb_dir: str | None = None  # where wandb writes its run folders (null: the run folder, RUN/wandb/)
 
 
 def _import_wandb():
@@ -50,8 +63,8 @@ MODES = (None, "online", "offline", "disabled")
 class WandbSink:
     name = "wandb"
     required = False
-    # its keys (config.TrainConfig); where the records go, not what trains: each may change on a resume
-    resumable = ("train.wandb_project", "train.wandb_entity", "train.wandb_mode", "train.wandb_dir")
+    train_keys = WandbSettings
+    resumable = keys_of(WandbSettings)  # where the records go, not what trains: each may change on a resume
 
     @staticmethod
     def check_config(train) -> None:
