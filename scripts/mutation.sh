@@ -32,7 +32,7 @@ declare -A MODULES=(
   [loss]="src/dflash_train/objective/loss.py|tests/objective|$SLOW"
   [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/test_run_folder.py"
   [tokenize]="src/dflash_train/data/tokenize.py|tests/data"
-  [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
+  [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_core_mutants.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
   [serving]="src/dflash_train/export/serving.py|tests/export"
 )
 ORDER=(accounting weighting targets blocks loss checkpoint tokenize core serving)
