@@ -23,8 +23,9 @@ OUT=${OUT:-$ROOT/docs/results/mutation}
 # loss (a run of blocks.py with them: 17 mutants in 2 minutes); the chunked-vs-reference cases in
 # eager mode check the same numbers. Tests that read the source itself (ruff over the export paths, the
 # run folder's layout spelled only in run_folder.py, every refusal reason having words) fail on mutmut's
-# rewritten copy of any module, mutated or not: they are left out of the modules they would stop. The decoding core: its own tests, the HF loop's and the
-# accounting's (about 25 s); the end-to-end sampling cases (15-21 s each) are left out
+# rewritten copy of any module, mutated or not: they are left out of the modules they would stop. The
+# decoding core: its own tests, the HF loop's and the accounting's (about 25 s); the end-to-end sampling
+# cases (15-21 s each) are left out
 SLOW="not learns_and_resumes and not compiled and not tiny_training"
 declare -A MODULES=(
   [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_eval_accounting.py"
@@ -34,7 +35,7 @@ declare -A MODULES=(
   [loss]="src/dflash_train/objective/loss.py|tests/objective|$SLOW"
   [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/test_run_folder.py|not only_run_folder_spells_the_layout"
   [tokenize]="src/dflash_train/data/tokenize.py|tests/data|not every_reason_the_code_raises_has_words"
-  [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
+  [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_core_mutants.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
   [serving]="src/dflash_train/export/serving.py|tests/export|not ruff_clean"
 )
 ORDER=(accounting weighting targets blocks loss checkpoint tokenize core serving)
