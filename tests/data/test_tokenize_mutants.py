@@ -325,3 +325,54 @@ def test_finish_lookup_tau_bound_and_error(chatml_tok):
     assert (err.value.location, err.value.field, err.value.reason) == ("f:4", "text", "mostly_copied")
     assert str(err.value).endswith(f": prompt lookup drafts {tau:.2f} tokens per step of the answer > "
                                    "max_lookup_tau=1")
+
+
+# --- prepare_messages edges and tokenize_conversation's errors (the second re-run) ------------
+
+def test_prepare_messages_reasoning_without_opener_and_edge_characters():
+    msgs = [{"role": A, "content": "R1</think>A"},  # a template that prefilled <think>
+            {"role": A, "content": "<think>a<think>\nXbX\n</think>\n  XA"},
+            {"role": A, "content": "<think>r</think>\nXA"}]
+    out = prepare_messages(msgs, True, REASONING_TEMPLATE)
+    assert [(m["reasoning_content"], m["content"]) for m in out] == [("R1", "A"), ("XbX", "  XA"), ("r", "XA")]
+
+
+class Wrapped:
+    """The real tokenizer, with a chosen chat template and a BOS added unless told not to."""
+
+    def __init__(self, tok, template=None, bos=None):
+        self._tok, self._bos = tok, bos
+        self.chat_template = template or tok.chat_template
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def apply_chat_template(self, messages, **kw):
+        return self._tok.apply_chat_template(messages, chat_template=self.chat_template, **kw)
+
+    def __call__(self, text, add_special_tokens=True, **kw):
+        enc = self._tok(text, add_special_tokens=False, **kw)
+        if add_special_tokens and self._bos is not None:
+            enc = {"input_ids": [self._bos] + enc["input_ids"], "offset_mapping": [(0, 0)] + enc["offset_mapping"]}
+        return enc
+
+
+def test_conversation_is_encoded_without_added_specials(chatml_tok):
+    msgs = [{"role": "user", "content": "Hi"}, {"role": A, "content": "Hello there"}]
+    opts = TokenizeOptions(min_supervised_tokens=1)
+    ids, mask, _ = tokenize_conversation(chatml_tok, msgs, opts, "f")
+    assert tokenize_conversation(Wrapped(chatml_tok, bos=chatml_tok.bos_token_id), msgs, opts, "f")[:2] == (ids, mask)
+
+
+def test_conversation_errors_name_location_and_field(chatml_tok):
+    msgs = [{"role": "user", "content": "Hi"}, {"role": A, "content": "ello"}]
+    opts = TokenizeOptions(min_supervised_tokens=1)
+    cases = [("{{ raise_exception('roles must alternate') }}", "messages", "template_error"),
+             ("{% for m in messages %}{{ m.role }}<|im_end|>{% endfor %}", "messages[1].content", "template_mismatch"),
+             # "H" + "ello" is one token "Hello": the supervised tokens decode to more than the answer
+             ("{% for m in messages %}H{{ m.content }}<|im_end|>{% endfor %}", "messages[1].content",
+              "template_mismatch")]
+    for template, field, reason in cases:
+        with pytest.raises(DataError) as err:
+            tokenize_conversation(Wrapped(chatml_tok, template), msgs, opts, "f:5")
+        assert (err.value.location, err.value.field, err.value.reason) == ("f:5", field, reason), template
