@@ -3,7 +3,7 @@
 # no weights): a SmolLM2-135M-shaped target with random weights (the same FLOPs and feature bytes as the real
 # one; tau is not measured here), the feature-store bench on smollm2-1gpu (dump tokens/s, bytes/token, train
 # tokens/s per mode), then the Qwen3-8B-shaped reference bench (its target_forward phase: what a store saves).
-source docs/results/selection-2026-12-07/scripts/env.sh
+source docs/results/selection-2026-12-07/scripts/env.sh; export DFT
 N=${N:-8000}; EPOCHS=${EPOCHS:-2}; MODES=${MODES:-online,cache,store-bfloat16,store-float8,hybrid}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $RES/card.txt
 if [ ! -f $K/smolrand/model.safetensors ]; then
@@ -31,6 +31,6 @@ timeout $(( $(left) - ${REF_S:-110} )) python3 scripts/feature_store_bench.py sm
 echo "bench rc $?"; tail -3 $RES/fs/bench.log | cut -c1-400; du -sb $K/sb/store-* 2>/dev/null | tee $RES/fs/store-sizes.txt
 stage fs-bench
 if [ "$(left)" -gt 60 ]; then
-  timeout $(( $(left) - 10 )) $DFT bench REF --batch-size 1 --steps 8 --warmup 2 --device cuda > $RES/fs/ref-bf16.json 2> $RES/fs/ref.log
+  timeout $(( $(left) - 10 )) $DFT bench qwen3-8b target.path=qwen3-8b train.cuda_graph_step=false --batch-size 1 --steps 8 --warmup 2 --device cuda > $RES/fs/ref-bf16.json 2> $RES/fs/ref.log
   echo "ref rc $?"; stage ref-bench
 fi
