@@ -7,6 +7,10 @@
 #
 #   scripts/mutation.sh                    # every module below
 #   scripts/mutation.sh accounting weighting   # some of them (the names of MODULES)
+#   SURVIVORS=1 scripts/mutation.sh blocks     # only the mutants its last report left alive, re-run after
+#                                              # new tests; their new fates are merged into that report
+#   ONLY='*x_serving_config__* *x__rope_fields__*' scripts/mutation.sh serving   # the mutants of some functions
+#                                              # (fnmatch patterns); the others are reported "not checked"
 #
 # The report: docs/results/mutation/<module>.txt (mutmut results: every mutant not killed) and
 # one summary line per module on stdout: killed / survived / no tests / timeout. OMP_NUM_THREADS=1:
@@ -56,8 +60,17 @@ for name in "${@:-${ORDER[@]}}"; do
   printf '[mutmut]\nsource_paths = src\nonly_mutate = %s\npytest_add_cli_args_test_selection =\n%s\nalso_copy =\n    scripts\n    docs\n    README.md\n    pyproject.toml\n    assets\npytest_add_cli_args =\n    -p\n    no:cacheprovider\n    -q\n    -x\n' \
     "$source" "$present" >"$work/setup.cfg"
   if [ -n "${filter:-}" ]; then printf '    -k\n    %s\n' "$filter" >>"$work/setup.cfg"; fi
-  (cd "$work" && PYTHONPATH="$TOOL" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 "$PY" -m mutmut run --max-children 2 >"$work/run.log" 2>&1) || true
-  (cd "$work" && PYTHONPATH="$TOOL" "$PY" -m mutmut results --all true 2>&1 | sed "s/^ *//" >"$OUT/$name.txt") || true
+  names=()
+  if [ -n "${SURVIVORS:-}" ]; then mapfile -t names < <(awk -F': ' 'NF==2 && $2!="killed" {print $1}' "$OUT/$name.txt")
+  elif [ -n "${ONLY:-}" ]; then read -ra names <<<"$ONLY"; fi
+  (cd "$work" && PYTHONPATH="$TOOL" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 "$PY" -m mutmut run --max-children 2 "${names[@]}" >"$work/run.log" 2>&1) || true
+  (cd "$work" && PYTHONPATH="$TOOL" "$PY" -m mutmut results --all true 2>&1 | sed "s/^ *//" >"$work/results.txt") || true
+  if [ -n "${SURVIVORS:-}" ]; then  # the re-run mutants' new fates over the last report's lines
+    awk -F': ' 'NR==FNR {if (NF==2 && $2!="not checked") fate[$1]=$2; next} NF==2 && ($1 in fate) {print $1 ": " fate[$1]; next} {print}' \
+      "$work/results.txt" "$OUT/$name.txt" >"$work/merged.txt" && mv "$work/merged.txt" "$OUT/$name.txt"
+  else
+    cp "$work/results.txt" "$OUT/$name.txt"
+  fi
   counts=$(awk -F': ' 'NF==2 {print $2}' "$OUT/$name.txt" | sort | uniq -c | awk '{n=$1; $1=""; printf "%s%s, ", substr($0, 2), " " n}')
   echo "$name ($source): ${counts%, }"
   [ -n "${KEEP:-}" ] && echo "  kept $work" || rm -rf "$work"
