@@ -11,6 +11,7 @@ and why: ``docs/results/mutation/checkpoint-triage.md``.
 from __future__ import annotations
 
 import errno
+import re
 import traceback
 
 import pytest
@@ -220,8 +221,148 @@ def test_a_checkpoint_of_another_history_is_kept_aside_not_replaced(tmp_path):
     clock["step"] = 4
     other.save()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names[:2] == ["step-00000002", "step-00000004"] and names[2].startswith("step-00000004.superseded-")
+    assert names[:2] == ["step-00000002", "step-00000004"]
+    assert re.fullmatch(r"step-00000004\.superseded-\d{8}-\d{6}", names[2])
     assert len(names) == 3 and said == [f"checkpoint {tmp_path / 'checkpoints' / 'step-00000004'} was not written "
                                         f"by this run: moved to {names[2]}"]
     other.save()  # its own step 4 now: replaced, nothing more kept aside
     assert len(list((tmp_path / "checkpoints").iterdir())) == 3
+
+
+def test_config_differences_name_a_section_that_became_a_value_and_keep_every_difference():
+    assert config_differences({"a": {"x": 1}, "b": 1}, {"a": 5, "b": 2}) == ["a: checkpoint {'x': 1} vs now 5",
+                                                                          "b: checkpoint 1 vs now 2"]
+
+
+def test_checkpoint_json_corrupt_or_nested_too_deeply_is_one_line(tmp_path):
+    corrupt = tmp_path / "optim_groups.json"
+    corrupt.write_text("{not json")
+    with pytest.raises(UserFacingError) as err:
+        ckpt._read_json(corrupt)
+    assert str(err.value).startswith(f"checkpoint file corrupt: {corrupt} (Expecting property name")
+    corrupt.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UserFacingError) as err:
+        ckpt._read_json(corrupt)
+    assert str(err.value) == f"checkpoint file corrupt: {corrupt} (nested too deeply)"
+
+
+def test_a_summary_whose_seal_broke_protects_nothing_and_says_so(tmp_path, capsys):
+    folder = tmp_path / "checkpoints" / "step-00000004"
+    (tmp_path / "summary.json").write_text(seal_json({"checkpoint": str(folder)}).replace("0000004", "0000002"))
+    assert summary_checkpoint(tmp_path) is None
+    said = capsys.readouterr().err
+    assert "run summary" in said and said.rstrip().endswith("; no checkpoint is kept for its sake")
+
+
+def test_a_save_passes_its_fault_points_in_order_inside_step_n_tmp(tmp_path, monkeypatch):
+    """The kill soak aims at these points by name; at the first the shards are in ``step-N.tmp``, the
+    folder the run lock sweeps after a killed save; a replaced step N passes ``checkpoint-replace``."""
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    _advance(model, optimizer, position, clock, 2)
+    seen = []
+    monkeypatch.setattr(ckpt, "reached", lambda name: seen.append(
+        (name, sorted(p.name for p in (tmp_path / "checkpoints").iterdir()))))
+    manager.save()
+    assert seen == [("checkpoint-shards", ["step-00000002.tmp"]), ("checkpoint-complete", ["step-00000002.tmp"])]
+    seen.clear()
+    manager.save()  # its own step 2 again: replaced
+    assert [name for name, _ in seen] == ["checkpoint-shards", "checkpoint-complete", "checkpoint-replace"]
+    assert seen[-1][1] == ["step-00000002.old", "step-00000002.tmp"]
+
+
+def test_a_stale_tmp_folder_and_a_stale_set_aside_do_not_leak_into_a_save(tmp_path):
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    _advance(model, optimizer, position, clock, 2)
+    stale = tmp_path / "checkpoints" / "step-00000002.tmp"
+    stale.mkdir(parents=True)
+    (stale / "junk.bin").write_bytes(b"from a killed save")
+    path = manager.save()
+    assert not (path / "junk.bin").exists()
+    (tmp_path / "checkpoints" / "step-00000002.old").mkdir()
+    (tmp_path / "checkpoints" / "step-00000002.old" / "junk.bin").write_bytes(b"a killed replace")
+    manager.save()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]
+
+
+def test_a_failed_rename_puts_the_replaced_step_back(tmp_path, monkeypatch):
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    _advance(model, optimizer, position, clock, 2)
+    path = manager.save()
+    position.value = 999
+    real = type(path).rename
+
+    def failing(self, target):
+        if self.name.endswith(".tmp"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self, target)
+
+    monkeypatch.setattr(type(path), "rename", failing)
+    with pytest.raises(UserFacingError, match="cannot save checkpoint"):
+        manager.save()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]
+    assert '"value": 14' in (path / "trainer_state.json").read_text()
+
+
+def test_a_failure_that_is_not_the_file_systems_is_raised_as_it_is(tmp_path, monkeypatch):
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    _advance(model, optimizer, position, clock, 2)
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("a bug, not a full disk")
+
+    monkeypatch.setattr(ckpt.dcp, "save", bug)
+    with pytest.raises(RuntimeError, match="a bug, not a full disk"):
+        manager.save()
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_load_names_a_missing_part_a_part_that_does_not_fit_and_every_drafter_difference(tmp_path):
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    _advance(model, optimizer, position, clock, 2)
+    path = manager.save()
+    manager.parts["scheduler"] = position
+    with pytest.raises(ValueError) as err:
+        manager.load(path)
+    assert str(err.value) == f"checkpoint {path / 'trainer_state.json'} lacks ['scheduler']"
+    del manager.parts["scheduler"]
+    (path / "trainer_state.json").write_text('{"position": {"other": 1}}')
+    with pytest.raises(UserFacingError) as err:
+        manager.load(path)
+    assert str(err.value) == (f"checkpoint file corrupt: {path / 'trainer_state.json'}: entry 'position' does not fit "
+                              "(KeyError: 'value'); resume from another checkpoint")
+    manager.drafter_config = {"block_size": 8}
+    manager.config = {"train": {"seed": 2}}
+    with pytest.raises(ValueError) as err:
+        manager.load(path)
+    assert str(err.value) == (f"cannot resume from {path}: the config differs:\n  train.seed: checkpoint 0 vs now 2"
+                              "\n  drafter(resolved).block_size: checkpoint 4 vs now 8")
+
+
+def test_pruning_after_a_resume_takes_only_this_runs_history(tmp_path):
+    """History A saved steps 1-4. Run B resumes from step 2 (keep_last=1) and saves step 4: A's step 4 is
+    kept aside; steps 1 and 2 (at or before B's resume) are B's history and pruned; A's step 3 is not."""
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    for _ in range(4):
+        _advance(model, optimizer, position, clock, 1)
+        manager.save()
+    other = CheckpointManager(tmp_path, model=model, optimizer=optimizer, drafter=model, parts={"position": position},
+                              config={"train": {"seed": 0}}, drafter_config={"block_size": 4},
+                              step=lambda: clock["step"], keep_last=1, echo=lambda line: None)
+    clock["step"] = 2
+    other.load(tmp_path / "checkpoints" / "step-00000002")
+    clock["step"] = 4
+    other.save()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names[:2] == ["step-00000003", "step-00000004"] and names[2].startswith("step-00000004.superseded-")
+
+
+def test_a_fresh_manager_prunes_none_of_the_checkpoints_it_did_not_write(tmp_path):
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=5)
+    for _ in range(2):
+        _advance(model, optimizer, position, clock, 1)
+        manager.save()
+    fresh, model2, optimizer2, position2, clock2 = _toy(tmp_path, keep_last=1)
+    clock2["step"] = 3
+    fresh.save()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step-00000001", "step-00000002", "step-00000003"]

@@ -27,10 +27,10 @@ fi
 mkdir -p $RES/fs
 timeout $(( $(left) - ${REF_S:-110} )) python3 scripts/feature_store_bench.py smollm2-1gpu "data.paths=[$K/data/greedy-0.jsonl]" \
   data.max_examples=$N data.cache_dir=$K/cache train.time_budget_minutes=0 eval.prompts=null --out $K/sb --epochs $EPOCHS \
-  --modes $MODES --source-timing 32 > $RES/fs/bench.json 2> >(grep -v "^  *[a-z]" > $RES/fs/bench.log)
+  --modes $MODES --source-timing ${SOURCE_TIMING:-32} ${TAU:+--tau-prompts $TAU} > $RES/fs/bench.json 2> >(grep -v "^  *[a-z]" > $RES/fs/bench.log)
 echo "bench rc $?"; tail -3 $RES/fs/bench.log | cut -c1-400; du -sb $K/sb/store-* 2>/dev/null | tee $RES/fs/store-sizes.txt
 stage fs-bench
-if [ "$(left)" -gt 60 ]; then
+if [ -z "${NO_REF:-}" ] && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 10 )) $DFT bench qwen3-8b target.path=qwen3-8b train.cuda_graph_step=false --batch-size 1 --steps 8 --warmup 2 --device cuda > $RES/fs/ref-bf16.json 2> $RES/fs/ref.log
   echo "ref rc $?"; stage ref-bench
 fi
