@@ -114,16 +114,25 @@ def scrub_file(path: Path, write: bool) -> int:
     return sum(a != b for a, b in zip(before.splitlines(), after.splitlines(), strict=True))
 
 
+def _files_under(path: Path) -> list[Path]:
+    """A given file, or every file under a given folder (a results folder as it came back)."""
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    if not path.is_file():
+        raise SystemExit(f"scrub_machine_paths: {path}: no such file or folder")
+    return [path]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="only these files (default: every tracked file)")
     parser.add_argument("--check", action="store_true", help="list what would change, write nothing")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
-    files = args.files or tracked_files(root)
+    files = [f for given in args.files for f in _files_under(given)] if args.files else tracked_files(root)
     changed = {path: n for path in files if (n := scrub_file(path, write=not args.check))}
     for path, n in changed.items():
-        print(f"{path.relative_to(root) if path.is_absolute() else path}: {n} line(s)")
+        print(f"{path.relative_to(root) if path.is_relative_to(root) else path}: {n} line(s)")
     verb = "would change" if args.check else "changed"
     print(f"{verb} {sum(changed.values())} line(s) in {len(changed)} file(s)")
     return 1 if args.check and changed else 0

@@ -83,6 +83,23 @@ def test_the_scrubber_removes_what_the_matcher_finds():
     assert scrub.scrub_text(f"{S}home/alice/x") == "~/x"
 
 
+def test_the_scrubber_takes_a_results_folder_and_names_a_missing_path(tmp_path, capsys):
+    """A folder that came back from the machine is scrubbed file by file (its subfolders too); a path that
+    is not there is one line, not a traceback."""
+    spec = importlib.util.spec_from_file_location("scrub", REPO / "scripts" / "scrub_machine_paths.py")
+    scrub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scrub)
+    (tmp_path / "res" / "fs").mkdir(parents=True)
+    (tmp_path / "res" / "a.log").write_text(f"saved in {S}root/keep/sb\n")
+    (tmp_path / "res" / "fs" / "b.json").write_text(f'{{"store": "{S}root/keep/sb/store"}}')
+    assert scrub.main([str(tmp_path / "res")]) == 0
+    assert (tmp_path / "res" / "a.log").read_text() == "saved in $KEEP/sb\n"
+    assert (tmp_path / "res" / "fs" / "b.json").read_text() == '{"store": "$KEEP/sb/store"}'
+    assert capsys.readouterr().out.endswith("changed 2 line(s) in 2 file(s)\n")
+    with pytest.raises(SystemExit, match="no such file or folder"):
+        scrub.main([str(tmp_path / "gone")])
+
+
 def test_no_tracked_file_names_a_machine_path():
     found = []
     for name in tracked_files():
