@@ -106,6 +106,9 @@ def test_uniform_blocks_of_a_packed_row_restart_at_each_conversation():
     # conversation 4: candidates 1..4 -> 1, 3; conversation 9: 7..12 -> 7, 9, 11 (5 -> 6 crosses a boundary)
     assert anchors.tolist() == [[1, 3, 7, 9, 11, 0]]
     assert keep.tolist() == [[True] * 5 + [False]]
+    # supervised across the boundary: 5 -> 6 is still no candidate (6 is another conversation's)
+    anchors, keep = uniform_anchors(torch.ones_like(loss_mask), num_anchors=8, block_size=5, doc_ids=doc_ids)
+    assert anchors[keep].tolist() == [0, 6, 11]  # 5 would start conversation 4's second block
 
 
 def test_packed_anchors_take_each_conversations_keys_from_its_own_generator():

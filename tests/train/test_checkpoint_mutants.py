@@ -251,7 +251,8 @@ def test_a_summary_whose_seal_broke_protects_nothing_and_says_so(tmp_path, capsy
     (tmp_path / "summary.json").write_text(seal_json({"checkpoint": str(folder)}).replace("0000004", "0000002"))
     assert summary_checkpoint(tmp_path) is None
     said = capsys.readouterr().err
-    assert "run summary" in said and said.rstrip().endswith("; no checkpoint is kept for its sake")
+    assert f"run summary {tmp_path / 'summary.json'} " in said
+    assert said.rstrip().endswith("; no checkpoint is kept for its sake")
 
 
 def test_a_save_passes_its_fault_points_in_order_inside_step_n_tmp(tmp_path, monkeypatch):
@@ -366,3 +367,29 @@ def test_a_fresh_manager_prunes_none_of_the_checkpoints_it_did_not_write(tmp_pat
     fresh.save()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "step-00000001", "step-00000002", "step-00000003"]
+
+
+def test_a_checkpoint_that_will_not_delete_stops_neither_a_prune_nor_a_failed_saves_line(tmp_path, monkeypatch):
+    """Removing an old checkpoint or a failed save's ``.tmp`` is cleanup: a removal that fails (a file
+    vanished, a busy mount) is ignored, so the run goes on or the save's own one line is what is said."""
+    manager, model, optimizer, position, clock = _toy(tmp_path, keep_last=1)
+    real = ckpt.shutil.rmtree
+
+    def stubborn(path, ignore_errors=False, **kwargs):
+        if not ignore_errors:
+            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+        return real(path, ignore_errors=True, **kwargs)
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", stubborn)
+    for _ in range(2):
+        _advance(model, optimizer, position, clock, 1)
+        manager.save()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002"]
+
+    def full_disk(*args, **kwargs):
+        raise _dcp_failure(OSError(errno.ENOSPC, "No space left on device"))
+
+    monkeypatch.setattr(ckpt.dcp, "save", full_disk)
+    _advance(model, optimizer, position, clock, 1)
+    with pytest.raises(UserFacingError, match="cannot save checkpoint"):
+        manager.save()
