@@ -10,7 +10,8 @@
 #   SURVIVORS=1 scripts/mutation.sh blocks     # only the mutants its last report left alive, re-run after
 #                                              # new tests; their new fates are merged into that report
 #   ONLY='*x_serving_config__* *x__rope_fields__*' scripts/mutation.sh serving   # the mutants of some functions
-#                                              # (fnmatch patterns); the others are reported "not checked"
+#                                              # (fnmatch patterns); the others are reported "not checked";
+#                                              # with SURVIVORS=1: the survivors among them
 #
 # The report: docs/results/mutation/<module>.txt (mutmut results: every mutant not killed) and
 # one summary line per module on stdout: killed / survived / no tests / timeout. OMP_NUM_THREADS=1:
@@ -63,8 +64,14 @@ for name in "${@:-${ORDER[@]}}"; do
     "$source" "$present" >"$work/setup.cfg"
   if [ -n "${filter:-}" ]; then printf '    -k\n    %s\n' "$filter" >>"$work/setup.cfg"; fi
   names=()
-  if [ -n "${SURVIVORS:-}" ]; then mapfile -t names < <(awk -F': ' 'NF==2 && $2!="killed" {print $1}' "$OUT/$name.txt")
-  elif [ -n "${ONLY:-}" ]; then read -ra names <<<"$ONLY"; fi
+  patterns=(); [ -n "${ONLY:-}" ] && read -ra patterns <<<"$ONLY"
+  if [ -n "${SURVIVORS:-}" ]; then  # (with ONLY: the survivors among those functions' mutants)
+    mapfile -t alive < <(awk -F': ' 'NF==2 && $2!="killed" {print $1}' "$OUT/$name.txt")
+    for n in "${alive[@]}"; do
+      keep=${patterns[*]:+no}; for p in "${patterns[@]}"; do [[ $n == $p ]] && keep=; done
+      [ -z "$keep" ] && names+=("$n")
+    done
+  else names=("${patterns[@]}"); fi
   (cd "$work" && PYTHONPATH="$TOOL" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 "$PY" -m mutmut run --max-children 2 "${names[@]}" >"$work/run.log" 2>&1) || true
   (cd "$work" && PYTHONPATH="$TOOL" "$PY" -m mutmut results --all true 2>&1 | sed "s/^ *//" >"$work/results.txt") || true
   if [ -n "${SURVIVORS:-}" ]; then  # the re-run mutants' new fates over the last report's lines

@@ -26,6 +26,7 @@ from dflash_train.data.tokenize import (
     assistant_spans,
     check_chat_template,
     prepare_messages,
+    render,
     special_ids,
     tokenize_conversation,
     tokenize_text,
@@ -376,3 +377,22 @@ def test_conversation_errors_name_location_and_field(chatml_tok):
         with pytest.raises(DataError) as err:
             tokenize_conversation(Wrapped(chatml_tok, template), msgs, opts, "f:5")
         assert (err.value.location, err.value.field, err.value.reason) == ("f:5", field, reason), template
+
+
+# --- render: what the chat template is asked for --------------------------------------------------
+
+class Recorder:
+    """A tokenizer that records what ``apply_chat_template`` was asked."""
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.messages, self.kwargs = messages, kwargs
+        return "rendered"
+
+
+def test_render_asks_for_text_the_generation_prompt_and_the_templates_options():
+    tok, messages = Recorder(), [{"role": "user", "content": "hi"}]
+    assert render(tok, messages, add_generation_prompt=True, enable_thinking=False) == "rendered"
+    assert tok.messages is messages
+    assert tok.kwargs == {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
+    render(tok, messages)
+    assert tok.kwargs == {"tokenize": False, "add_generation_prompt": False}
