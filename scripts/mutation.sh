@@ -40,12 +40,15 @@ declare -A MODULES=(
   [targets]="src/dflash_train/objective/targets.py|tests/objective"
   [blocks]="src/dflash_train/objective/blocks.py|tests/objective tests/data/test_packing.py tests/train/test_objective_wiring.py|$SLOW"
   [loss]="src/dflash_train/objective/loss.py|tests/objective|$SLOW"
+  [step]="src/dflash_train/objective/step.py|tests/objective tests/train/test_objective_wiring.py|$SLOW"
+  [objconfig]="src/dflash_train/objective/config.py|tests/objective tests/train/test_objective_wiring.py tests/test_config_reference.py|$SLOW"
+  [kinds]="src/dflash_train/objective/kinds/*|tests/objective tests/models/test_dspark.py|$SLOW"
   [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/train/test_checkpoint_mutants.py tests/test_run_folder.py|not only_run_folder_spells_the_layout"
   [tokenize]="src/dflash_train/data/tokenize.py|tests/data|not every_reason_the_code_raises_has_words"
   [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_core_mutants.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
   [serving]="src/dflash_train/export/serving.py|tests/export/test_export_serving.py tests/export/test_serving_mutants.py tests/export/test_export_dflash2.py tests/export/test_export_cli.py|not ruff_clean"
 )
-ORDER=(accounting weighting targets blocks loss checkpoint tokenize core serving)
+ORDER=(accounting weighting targets blocks loss step objconfig kinds checkpoint tokenize core serving)
 
 [ -d "$TOOL/mutmut" ] || "$PY" -m pip install -q --target "$TOOL" mutmut==3.8.1
 mkdir -p "$OUT"

@@ -183,3 +183,28 @@ def test_tensor_problems_are_listed_twelve_at_most():
         "w.safetensors does not match the DFlash serving layout for this config: "
         f"missing tensors: {', '.join(missing[:12])}, ... (2 more); unexpected tensors: extra.weight; "
         f"wrong shapes: {first} (1,) (expected {expected[first]})")
+
+
+def test_the_rest_of_the_rope_and_head_rules():
+    """``rope_type`` and a leftover ``type`` both given: one kind in the config; a scaling without a type is no
+    scaling; a head size of its own is read as given, not derived from the hidden size."""
+    fields = serving._rope_fields(_cfg(rope_scaling={"rope_type": "yarn", "type": "yarn", "factor": 4.0}))
+    assert fields["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 4.0}
+    assert fields["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0}
+    assert serving._rope_from_serving({"rope_scaling": {"factor": 2.0}}) == (10000.0, None)
+    assert drafter_config_from_serving(dict(EXPECTED, head_dim=32)).head_dim == 32
+
+
+def test_a_listing_of_exactly_twelve_names_has_no_tail():
+    names = [f"t{i}" for i in range(12)]
+    assert serving._listing(names) == ", ".join(names)
+    assert serving._listing([*names, "t12"]) == ", ".join(names) + ", ... (1 more)"
+
+
+def test_a_kind_missing_its_fields_or_an_invalid_config_names_the_file():
+    with pytest.raises(ValueError) as err:
+        drafter_config_from_serving(dict(EXPECTED, architectures=["DSparkDraftModel"]), source="e/config.json")
+    assert str(err.value) == "e/config.json: missing required field 'markov_rank' of a DSparkDraftModel"
+    with pytest.raises(ValueError) as err:
+        drafter_config_from_serving(dict(EXPECTED, layer_types=["full_attention"]), source="f/config.json")
+    assert str(err.value).startswith("f/config.json: ")
