@@ -171,7 +171,11 @@ def test_our_process_stopped_mid_request_leaves_no_engine(tmp_path, pids_file, s
     """SIGTERM (raised as SystemExit(143) while an engine runs), Ctrl-C or SIGKILL of our process (nothing
     in it runs then: the engine's guard sees its parent gone), waiting on an engine that never answers and
     is deaf to SIGTERM: the engine's group goes with it."""
+    # Ctrl-C as in a terminal: a process started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then keeps ignoring it (a CI runner may start the suite so)
     script = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from pathlib import Path
         from dflash_train.eval.llamacpp import EngineConfig, run_speculative
         program = Path({str(fake(tmp_path, "hang"))!r})
