@@ -70,9 +70,9 @@ for name in "${@:-${ORDER[@]}}"; do
   patterns=(); [ -n "${ONLY:-}" ] && read -ra patterns <<<"$ONLY"
   if [ -n "${SURVIVORS:-}" ]; then  # (with ONLY: the survivors among those functions' mutants)
     mapfile -t alive < <(awk -F': ' 'NF==2 && $2!="killed" {print $1}' "$OUT/$name.txt")
-    for n in "${alive[@]}"; do
-      keep=${patterns[*]:+no}; for p in "${patterns[@]}"; do [[ $n == $p ]] && keep=; done
-      [ -z "$keep" ] && names+=("$n")
+    for n in "${alive[@]}"; do  # a survivor is re-run when no pattern is given or one matches it
+      matched=; [ ${#patterns[@]} -eq 0 ] && matched=yes; for p in "${patterns[@]}"; do [[ $n == $p ]] && matched=yes; done
+      [ -n "$matched" ] && names+=("$n")
     done
   else names=("${patterns[@]}"); fi
   (cd "$work" && PYTHONPATH="$TOOL" HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 nice -n 10 "$PY" -m mutmut run --max-children 2 "${names[@]}" >"$work/run.log" 2>&1) || true
