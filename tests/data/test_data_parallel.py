@@ -74,3 +74,22 @@ def test_num_workers_validation():
         DataConfig(paths=["x"], num_workers=-1).validate()
     with pytest.raises(ValueError, match="data.pack"):
         DataConfig(paths=["x"], pack="yes").validate()
+
+
+def test_a_workers_initializer_and_task_give_the_serial_rows(tmp_path, chatml_tok, monkeypatch):
+    """The pool's initializer and task called in this process: in a forked worker neither
+    coverage nor a mutation tester sees them (issue 60.4 reported their 22 mutants "no tests").
+    A chunk gives the serial path's rows and failure tuples, with the options the initializer
+    was given, not the defaults."""
+    path = write_jsonl(tmp_path / "d.jsonl", rows(120))
+    records = list(read_records([str(path)], SkipReport(), False))
+    opts = tokenize.TokenizeOptions(max_length=56, min_supervised_tokens=7)
+    worker = {}
+    monkeypatch.setattr(tokenize, "_WORKER", worker)
+    tokenize._init_worker(chatml_tok, opts)
+    assert worker == {"tokenizer": chatml_tok, "opts": opts, "specials": tokenize.special_ids(chatml_tok)}
+    chunk = tokenize._work(records)
+    assert chunk == list(tokenize._serial(records, chatml_tok, opts))
+    assert len(chunk) == len(records) and any(isinstance(r, tuple) for r in chunk)
+    assert any(isinstance(r, dict) and r["cut"].truncated for r in chunk)
+    assert chunk != list(tokenize._serial(records, chatml_tok, tokenize.TokenizeOptions(min_supervised_tokens=7)))

@@ -16,8 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dflash_train.data.errors import DataError
+from dflash_train.data.errors import DataError, SkipReport
 from dflash_train.data.lookup import lookup_tau
+from dflash_train.data.readers import Record
 from dflash_train.data.tokenize import (
     Span,
     TokenizeOptions,
@@ -29,6 +30,7 @@ from dflash_train.data.tokenize import (
     render,
     special_ids,
     tokenize_conversation,
+    tokenize_records,
     tokenize_text,
 )
 
@@ -396,3 +398,16 @@ def test_render_asks_for_text_the_generation_prompt_and_the_templates_options():
     assert tok.kwargs == {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
     render(tok, messages)
     assert tok.kwargs == {"tokenize": False, "add_generation_prompt": False}
+
+
+def test_records_that_fail_are_counted_by_default(chatml_tok):
+    """``strict`` is off unless asked for: a record with too few supervised tokens is a counted
+    skip with its location, and the good record after it is still a row."""
+    records = [Record("a", "d.jsonl:1", [], text="hi"),
+               Record("b", "d.jsonl:2", [], text="one two three four five six seven eight nine ten")]
+    report = SkipReport()
+    rows = list(tokenize_records(records, chatml_tok, TokenizeOptions(min_supervised_tokens=4), report))
+    assert [r["length"] for r in rows] == [len(chatml_tok("one two three four five six seven eight nine ten")
+                                               ["input_ids"]) + 1]
+    assert report.kept == 1 and dict(report.skipped) == {"too_few_supervised": 1}
+    assert report.examples["too_few_supervised"] == ["d.jsonl:1 (text)"]

@@ -241,3 +241,24 @@ def test_disaggregated_packed_rows_match_one_process(tmp_path):
     cfg["data"]["pack"] = True
     train(config_from_dict(cfg), target=tiny_target(), echo=lambda *a: None)
     run_matching(tmp_path / "two", losses(single / "run"), 2, "1", "1", "2", "4", "data.pack=true")
+
+
+def test_fsdp_restart_resumes_from_the_sharded_checkpoint(tmp_path, reference):
+    """Colocated, drafter and target sharded (FSDP2): rank 1 crashes once at step 5, torchrun restarts
+    both ranks, they load the step-4 checkpoint (DCP, every rank its shards of the weights and the
+    optimizer state) and end on the single-process losses, the final weights whole tensors."""
+    marker = tmp_path / "crashed-once"
+    rc, out, err, _ = worker(2, tmp_path, "0", "0", "1", str(STEPS), "train.save_every_steps=2",
+                             "train.fsdp_drafter=true", "train.fsdp_target=true",
+                             max_restarts=1, CRASH=f"1:5:exit:{marker}")
+    assert marker.exists()
+    assert rc == 0, err[-4000:]
+    assert "resuming from the newest checkpoint" in out + err
+    run = tmp_path / "run"
+    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert_same_losses(run, reference)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(latest_checkpoint(run) / "drafter.safetensors"))
+    assert latest_checkpoint(run).name.endswith(f"{STEPS:08d}")
+    assert all(w.dim() == 0 or w.shape[0] > 1 for w in weights.values())
