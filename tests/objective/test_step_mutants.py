@@ -108,3 +108,19 @@ def test_unwrap_and_the_loss_options():
     opts = ObjectiveOptions(4, 63, compiled_loss=True).with_objective(targets={"ce": 1.0, "tv": 0.0})
     loss = opts.loss_options()
     assert loss.targets == (("ce", 1.0),) and loss.compiled is True
+
+
+def test_a_kinds_loss_gets_its_default_settings(monkeypatch):
+    """DSpark trained with no ``objective.kind`` settings: its term gets its defaults (a confidence
+    weight of 1.0), not an empty dict it would read a missing key from."""
+    target = Target(tiny_qwen3(vocab=64))
+    drafter, cfg = tiny_drafter(target, block_size=4, num_layers=1, kind="dspark")
+    opts = ObjectiveOptions(4, 63)
+    ids = torch.randint(0, 60, (1, 10), generator=torch.Generator().manual_seed(0))
+    blocks = make_blocks(ids, torch.ones_like(ids), torch.tensor([[1, 5]]), torch.ones(1, 2, dtype=torch.bool), opts)
+    seen = {}
+    real = step.dflash_loss
+    monkeypatch.setattr(step, "dflash_loss", lambda *args: seen.setdefault("options", args[-1]) and real(*args))
+    drafter_loss(drafter.eval(), target.embed_tokens, target.lm_head_weight,
+                 torch.randn(1, 10, cfg.num_target_features * cfg.hidden_size), blocks, opts)
+    assert seen["options"] == {"confidence_weight": 1.0}
