@@ -32,7 +32,8 @@ OUT=${OUT:-$ROOT/docs/results/mutation}
 # decoding core: its own tests, the HF loop's and the accounting's (about 25 s); the end-to-end sampling
 # cases (15-21 s each) are left out. The serving format: the export tests without the authors' interface
 # (tests/export/test_authors_interface.py decodes with the shipped modeling file, 9 s a run: it checks that
-# file, not the config mapping serving.py computes)
+# file, not the config mapping serving.py computes), with the loader's, the read-back checks' and the
+# export's fault points (test_faults_wired.py's other points exercise other modules)
 SLOW="not learns_and_resumes and not compiled and not tiny_training"
 declare -A MODULES=(
   [accounting]="src/dflash_train/eval/accounting.py|tests/test_readme_numbers.py tests/eval/test_compare.py tests/eval/test_eval_accounting.py"
@@ -46,7 +47,7 @@ declare -A MODULES=(
   [checkpoint]="src/dflash_train/train/checkpoint.py|tests/train/test_checkpoint_manager.py tests/train/test_checkpoint_mutants.py tests/test_run_folder.py|not only_run_folder_spells_the_layout"
   [tokenize]="src/dflash_train/data/tokenize.py|tests/data|not every_reason_the_code_raises_has_words"
   [core]="src/dflash_train/decoding/core.py|tests/decoding/test_core.py tests/decoding/test_core_mutants.py tests/decoding/test_speculative.py tests/decoding/test_sampling.py tests/eval/test_eval_accounting.py|not end_to_end_sampling"
-  [serving]="src/dflash_train/export/serving.py|tests/export/test_export_serving.py tests/export/test_serving_mutants.py tests/export/test_export_dflash2.py tests/export/test_export_cli.py|not ruff_clean"
+  [serving]="src/dflash_train/export/serving.py|tests/export/test_export_serving.py tests/export/test_serving_mutants.py tests/export/test_export_folder_mutants.py tests/export/test_export_dflash2.py tests/export/test_export_cli.py tests/eval/test_loader.py tests/faults/test_readback_integrity.py tests/faults/test_faults_wired.py tests/models/test_drafter_config.py|not ruff_clean and not (test_faults_wired and not export and not swept)"
 )
 ORDER=(accounting weighting targets blocks loss step objconfig kinds checkpoint tokenize core serving)
 
