@@ -90,10 +90,11 @@ def test_disaggregated_two_targets_fsdp_drafters_match_one_process(tmp_path, ref
 def test_colocated_fsdp_matches_one_process(tmp_path, reference):
     run = run_matching(tmp_path, reference, 2, "0", "0", "1", str(STEPS), "train.fsdp_drafter=true",
                        "train.fsdp_target=true")
-    from safetensors.torch import load_file
+    from dflash_train.export.cli import read_training_artifact
+    from dflash_train.export.serving import check_tensors
 
-    weights = load_file(str(latest_checkpoint(run) / "drafter.safetensors"))
-    assert all(w.dim() == 0 or w.shape[0] > 1 for w in weights.values())  # whole tensors, not shards
+    cfg, weights, _ = read_training_artifact(latest_checkpoint(run))
+    check_tensors(weights, cfg, "the checkpoint")  # whole tensors (their full shapes), not a rank's shards
 
 
 def test_colocated_fsdp_drafter_init_from_target_matches_one_process(tmp_path, reference):
@@ -257,8 +258,9 @@ def test_fsdp_restart_resumes_from_the_sharded_checkpoint(tmp_path, reference):
     run = tmp_path / "run"
     assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
     assert_same_losses(run, reference)
-    from safetensors.torch import load_file
-
-    weights = load_file(str(latest_checkpoint(run) / "drafter.safetensors"))
     assert latest_checkpoint(run).name.endswith(f"{STEPS:08d}")
-    assert all(w.dim() == 0 or w.shape[0] > 1 for w in weights.values())
+    from dflash_train.export.cli import read_training_artifact
+    from dflash_train.export.serving import check_tensors
+
+    cfg, weights, _ = read_training_artifact(latest_checkpoint(run))
+    check_tensors(weights, cfg, "the final checkpoint")  # every tensor whole: its full shape, not a rank's shard
