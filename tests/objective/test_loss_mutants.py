@@ -162,6 +162,14 @@ def test_acceptance_stats_by_hand():
     assert torch.equal(stats.blocks, torch.tensor(3.0))
 
 
+
+def test_acceptance_stats_move_the_keep_mask_to_the_counts_device():
+    """On a GPU the anchors' keep mask can be on another device than the counts; the meta device forces
+    that path on a CPU (a meta tensor times a CPU one raises, as a CUDA one times a CPU one does)."""
+    correct = torch.ones(2, 2, 3, dtype=torch.bool, device="meta")
+    stats = acceptance_stats(correct, correct, torch.tensor([[True, True], [True, False]]))
+    assert {t.device.type for t in vars(stats).values()} == {"meta"}
+
 # --- dflash_loss with a kind's hooks -----------------------------------------------------------------
 
 ROWS, A, B = 2, 2, 4
